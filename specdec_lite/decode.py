@@ -1,0 +1,279 @@
+"""The speculative loop and the autoregressive baseline, through the same model wrappers.
+
+One round, as in Leviathan et al. 2023 (Algorithm 1):
+  draft   -> gamma tokens x_1..x_gamma and the distributions q they were drawn from
+  target  -> one forward over (last token, x_1..x_gamma): p for gamma+1 positions
+  verify  -> n accepted drafts plus one corrected (or bonus) token
+  emit    -> x_1..x_n, next
+  rollback-> both caches keep only what was emitted (the newest token is fed next round)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .drafts import Drafter, as_drafter
+from .lm import as_language_model, tokenizer_of
+from .models import check_tokenizers
+from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
+from .verify import verify, verify_greedy
+
+
+@dataclass
+class GenerationStats:
+    """Per-run statistics. An 'accepted length' counts the tokens one round emitted, the corrected or bonus
+    token included (so it is >= 1), as vLLM and Spec-Bench count it."""
+
+    rounds: int = 0  # verification rounds (target forwards after the prefill)
+    accepted_lengths: list = field(default_factory=list)  # per round and active row: accepted drafts + 1
+    drafted: int = 0  # draft tokens proposed to the verifier
+    accepted: int = 0  # draft tokens the verifier accepted
+    new_tokens: int = 0  # tokens returned (after max_new_tokens and EOS truncation), all rows
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / drafted tokens (the empirical alpha); nan when nothing was drafted."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean tokens emitted per round, bonus/corrected token included."""
+        return sum(self.accepted_lengths) / len(self.accepted_lengths) if self.accepted_lengths else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else float("nan")
+
+
+@dataclass
+class Generation:
+    sequences: list  # one 1-D LongTensor of new tokens per batch row
+    stats: GenerationStats
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The new tokens (1-D) of a batch-1 run."""
+        if len(self.sequences) != 1:
+            raise ValueError(f"this run has {len(self.sequences)} rows; use .sequences")
+        return self.sequences[0]
+
+
+class _Clock:
+    """Wall time of a phase; synchronizes CUDA so asynchronous kernels are charged to the right phase."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+def _eos_set(eos_token_id) -> list[int]:
+    if eos_token_id is None:
+        return []
+    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
+
+
+def check_request(input_ids, max_length, gamma: int, max_new_tokens: int, sampling) -> torch.Tensor:
+    """Refuse bad requests before any work starts. Returns input_ids as (B, T) long."""
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    if not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma (draft tokens per round) must be an integer >= 1, got {gamma!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    input_ids = torch.as_tensor(input_ids)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None, :]
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}); give at least one prompt token, "
+                         "e.g. the tokenizer's BOS token")
+    if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise TypeError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+    if max_length is not None:
+        T = input_ids.shape[1]
+        if T >= max_length:
+            raise ValueError(f"the input has {T} tokens but the model's context is {max_length}; shorten the prompt")
+        if T + max_new_tokens + gamma > max_length:
+            raise ValueError(f"{T} prompt tokens + max_new_tokens {max_new_tokens} + gamma {gamma} exceed the "
+                             f"model's context of {max_length}; lower max_new_tokens to at most "
+                             f"{max_length - T - gamma}")
+    return input_ids.long()
+
+
+def check_vocab(target_lm, drafter: Drafter) -> None:
+    """The draft must speak the target's vocabulary (after alignment to the tokenizer's size)."""
+    if drafter.vocab_size is not None and drafter.vocab_size != target_lm.vocab_size:
+        raise ValueError(
+            f"the draft's vocabulary ({drafter.vocab_size} tokens) cannot be aligned with the target's "
+            f"({target_lm.vocab_size}); use a draft trained with the target's tokenizer")
+
+
+def _check_pair_tokenizers(target, drafter: Drafter) -> None:
+    """When both models' tokenizers are known (``load_model`` registers them), they must be the same."""
+    draft_model = getattr(getattr(drafter, "lm", None), "model", None)
+    t_tok = tokenizer_of(target) if isinstance(target, torch.nn.Module) else None
+    d_tok = tokenizer_of(draft_model) if isinstance(draft_model, torch.nn.Module) else None
+    if t_tok is not None and d_tok is not None:
+        check_tokenizers(t_tok, d_tok)
+
+
+def _new_buffer(input_ids, max_new_tokens, gamma, device):
+    B, T = input_ids.shape
+    # room for finished rows that keep drafting (their writes land past their length and are ignored)
+    seq = torch.zeros(B, T + max_new_tokens + 2 * gamma + 2, dtype=torch.long, device=device)
+    seq[:, :T] = input_ids
+    return seq, torch.full((B,), T, dtype=torch.long, device=device)
+
+
+def _finish(seq, T, lengths, max_new_tokens, eos) -> list:
+    """Cut each row at max_new_tokens and just after its first EOS: nothing after EOS is emitted."""
+    out = []
+    for b in range(seq.shape[0]):
+        new = seq[b, T : min(int(lengths[b]), T + max_new_tokens)]
+        for e in eos:
+            hits = (new == e).nonzero()
+            if len(hits):
+                new = new[: int(hits[0]) + 1]
+        out.append(new.cpu())
+    return out
+
+
+def _done(seq, T, lengths, max_new_tokens, eos) -> torch.Tensor:
+    done = lengths - T >= max_new_tokens
+    if eos:
+        produced = torch.arange(seq.shape[1], device=seq.device)[None, :]
+        new = (produced >= T) & (produced < lengths[:, None])
+        done |= (torch.isin(seq, torch.tensor(eos, device=seq.device)) & new).any(1)
+    return done
+
+
+def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_tokens: int = 128,
+                         sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                         eos_token_id=None) -> Generation:
+    """Speculative decoding: ``draft`` proposes gamma tokens, ``target`` verifies them in one forward.
+
+    target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's
+    tokenizer, a toy model, or a Drafter (``NGramDraft``, ``LayerSkipDraft``). input_ids: (T,) or (B, T);
+    batches of more than one row need toy models (Hugging Face caches roll back all rows together).
+    With ``sampling.temperature == 0`` the output is the target's own greedy output, token for token.
+    """
+    target_lm = as_language_model(target)
+    drafter = as_drafter(draft)
+    input_ids = check_request(input_ids, target_lm.max_length, gamma, max_new_tokens, sampling)
+    check_vocab(target_lm, drafter)
+    _check_pair_tokenizers(target, drafter)
+    eos = _eos_set(eos_token_id)
+    device = target_lm.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    clock = _Clock(device)
+    stats = GenerationStats()
+    start = clock.now()
+
+    # prefill: both models see the prompt except its last token
+    input_ids = input_ids.to(device)
+    B, T = input_ids.shape
+    seq, lengths = _new_buffer(input_ids, max_new_tokens, gamma, device)
+    target_lm.reset(B)
+    if T > 1:
+        target_lm.feed(input_ids[:, :-1], num_logits=1)
+    drafter.begin(input_ids)
+    stats.prefill_seconds = clock.now() - start
+    rows = torch.arange(B, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+
+    while not bool(done.all()):
+        # 1) draft: k <= gamma tokens and the q they were drawn from
+        t0 = clock.now()
+        drafts, q = drafter.propose(seq, lengths, gamma, sampling, generator)  # (B, k), (B, k, V) | None
+        t1 = clock.now()
+
+        # 2) target: one forward over the newest token and the drafts -> p at k+1 positions
+        last = seq[rows, lengths - 1]
+        logits = target_lm.feed(torch.cat([last[:, None], drafts], dim=1))  # (B, k+1, V)
+        seen = seen_mask(seq, lengths, drafts, target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
+        p = probs_from_logits(logits, sampling, seen)  # (B, k+1, V)
+
+        # 3) verify: n accepted drafts, then the corrected or bonus token
+        if sampling.greedy:
+            n, next_token = verify_greedy(drafts, p.argmax(-1))
+        else:
+            n, next_token = verify(drafts, q, p, generator)
+
+        # 4) emit x_1..x_n, next_token (rows already finished do not advance)
+        k = drafts.shape[1]
+        emitted = torch.cat([drafts, next_token[:, None]], dim=1)
+        emitted[rows, n] = next_token
+        seq.scatter_(1, lengths[:, None] + torch.arange(k + 1, device=device)[None, :], emitted)
+        active = ~done
+        lengths = torch.where(active, lengths + n + 1, lengths)
+
+        # 5) rollback: caches keep everything but the newest token
+        target_lm.crop(lengths - 1)
+        drafter.rollback(lengths - 1)
+        t2 = clock.now()
+
+        stats.rounds += 1
+        stats.drafted += k * int(active.sum())
+        stats.accepted += int(n[active].sum())
+        stats.accepted_lengths.extend((n[active] + 1).tolist())
+        stats.draft_seconds += t1 - t0
+        stats.target_seconds += t2 - t1
+        done = _done(seq, T, lengths, max_new_tokens, eos)
+
+    sequences = _finish(seq, T, lengths, max_new_tokens, eos)
+    stats.new_tokens = sum(len(s) for s in sequences)
+    stats.total_seconds = clock.now() - start
+    return Generation(sequences, stats)
+
+
+def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
+                            sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                            eos_token_id=None) -> Generation:
+    """The baseline: one target forward per token, through the same wrapper, sampling rule and generator."""
+    target_lm = as_language_model(target)
+    input_ids = check_request(input_ids, target_lm.max_length, 1, max_new_tokens, sampling)
+    eos = _eos_set(eos_token_id)
+    device = target_lm.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    clock = _Clock(device)
+    stats = GenerationStats()
+    start = clock.now()
+
+    input_ids = input_ids.to(device)
+    B, T = input_ids.shape
+    seq, lengths = _new_buffer(input_ids, max_new_tokens, 1, device)
+    target_lm.reset(B)
+    if T > 1:
+        target_lm.feed(input_ids[:, :-1], num_logits=1)
+    stats.prefill_seconds = clock.now() - start
+    rows = torch.arange(B, device=device)
+    no_drafts = seq.new_zeros(B, 0)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+
+    while not bool(done.all()):
+        t0 = clock.now()
+        logits = target_lm.feed(seq[rows, lengths - 1][:, None])  # (B, 1, V)
+        seen = seen_mask(seq, lengths, no_drafts, target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
+        p = probs_from_logits(logits[:, -1], sampling, None if seen is None else seen[:, -1])
+        next_token = p.argmax(-1) if sampling.greedy else sample(p, generator)
+        seq[rows, lengths] = torch.where(done, seq[rows, lengths], next_token)
+        lengths = torch.where(done, lengths, lengths + 1)
+        target_lm.crop(lengths - 1)  # finished rows forget the token they were fed
+        stats.rounds += 1
+        stats.target_seconds += clock.now() - t0
+        done = _done(seq, T, lengths, max_new_tokens, eos)
+
+    sequences = _finish(seq, T, lengths, max_new_tokens, eos)
+    stats.new_tokens = sum(len(s) for s in sequences)
+    stats.accepted_lengths = [1] * stats.rounds
+    stats.total_seconds = clock.now() - start
+    return Generation(sequences, stats)

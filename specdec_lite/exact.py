@@ -1,0 +1,98 @@
+"""Exact laws by enumeration, for small vocabularies (toy models, tiny models).
+
+``exact_speculative_distribution`` walks every branch of the speculative loop (every draft sequence, every
+verifier outcome, round after round) and returns the exact probability of each possible sequence of the first
+n emitted tokens. It uses the loop's own pieces: the model wrappers, ``probs_from_logits`` and the verifier's
+``outcome_distribution`` (built from the same acceptance and residual functions ``verify`` samples with).
+``exact_target_distribution`` gives the target's own law of the first n tokens. Equal laws = lossless (C1).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+import torch
+
+from .verify import outcome_distribution
+from .drafts import Drafter
+from .lm import as_language_model
+from .sampling import SamplingParams, probs_from_logits, seen_mask
+
+
+def _probs_after(lm, contexts: torch.Tensor, n_positions: int, sampling: SamplingParams) -> torch.Tensor:
+    """Next-token probabilities at the last n_positions of each row of contexts (B, L): (B, n_positions, V),
+    position j conditioned on contexts[:, :L - n_positions + j + 1] (with its own repetition-penalty prefix)."""
+    B, L = contexts.shape
+    lm.reset(B)
+    logits = lm.feed(contexts)[:, -n_positions:]
+    seen = None
+    if sampling.repetition_penalty != 1.0:
+        prefix_len = torch.full((B,), L - n_positions + 1, dtype=torch.long)
+        seen = seen_mask(contexts, prefix_len, contexts[:, L - n_positions + 1:], lm.vocab_size)
+    return probs_from_logits(logits.double(), sampling, seen)
+
+
+def exact_target_distribution(target, prompt, n: int, sampling: SamplingParams = SamplingParams()) -> dict:
+    """{tuple of the first n tokens: probability} when the target samples them itself."""
+    lm = as_language_model(target)
+    V = lm.vocab_size
+    prompt = torch.as_tensor(prompt).long().flatten()
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=n)), dtype=torch.long)  # (V^n, n)
+    contexts = torch.cat([prompt.expand(len(seqs), -1), seqs], dim=1)
+    p = _probs_after(lm, contexts[:, :-1], n, sampling)  # (V^n, n, V)
+    probs = p.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(dim=1)
+    return {tuple(s.tolist()): float(pr) for s, pr in zip(seqs, probs) if pr > 0}
+
+
+def _round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+    """Every (emitted tokens, probability) of one round from ``context`` (1-D)."""
+    V = target_lm.vocab_size
+    if isinstance(draft, Drafter):  # deterministic (point-mass) draft: one proposal, q = None
+        seq, lengths = context[None, :], torch.tensor([len(context)])
+        drafts, q = draft.propose(seq, lengths, gamma, sampling, None)
+        if q is not None:
+            raise TypeError("enumeration supports model drafts (give the model) and point-mass drafters")
+        weights = torch.ones(1, dtype=torch.float64)
+    else:  # a model draft: enumerate all V^gamma proposals, weighted by the probability q gives them
+        drafts = torch.tensor(list(itertools.product(range(V), repeat=gamma)), dtype=torch.long)
+        contexts = torch.cat([context.expand(len(drafts), -1), drafts[:, :-1]], dim=1)
+        q = _probs_after(as_language_model(draft), contexts, gamma, sampling)  # (V^g, g, V)
+        weights = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1).prod(dim=1)
+    k = drafts.shape[1]
+    p = _probs_after(target_lm, torch.cat([context.expand(len(drafts), -1), drafts], dim=1), k + 1, sampling)
+    law = outcome_distribution(drafts, q, p) * weights[:, None, None]  # (N, k+1, V)
+    out = defaultdict(float)
+    for i, n_acc, v in law.nonzero().tolist():
+        out[tuple(drafts[i, :n_acc].tolist()) + (v,)] += float(law[i, n_acc, v])
+    return out
+
+
+def exact_speculative_distribution(target, draft, prompt, gamma: int, n: int,
+                                   sampling: SamplingParams = SamplingParams()) -> dict:
+    """{tuple of the first n emitted tokens: probability} under speculative decoding, over all branches."""
+    target_lm = as_language_model(target)
+    prompt = tuple(torch.as_tensor(prompt).long().flatten().tolist())
+    frontier = {(): 1.0}  # emitted so far -> probability, for branches still short of n tokens
+    result = defaultdict(float)
+    while frontier:
+        nxt = defaultdict(float)
+        for emitted, prob in frontier.items():
+            context = torch.tensor(prompt + emitted, dtype=torch.long)
+            for tokens, pr in _round_outcomes(target_lm, draft, context, gamma, sampling).items():
+                longer = emitted + tokens
+                if len(longer) >= n:
+                    result[longer[:n]] += prob * pr
+                else:
+                    nxt[longer] += prob * pr
+        frontier = nxt
+    return dict(result)
+
+
+def total_variation(a: dict, b: dict) -> float:
+    keys = set(a) | set(b)
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys)
+
+
+def max_abs_difference(a: dict, b: dict) -> float:
+    keys = set(a) | set(b)
+    return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys)

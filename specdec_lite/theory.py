@@ -1,0 +1,50 @@
+"""Expected-speedup theory (Leviathan et al. 2023, section 3; article 000 section 4; article 004).
+
+alpha: expected per-token acceptance; gamma: draft tokens per round; c: cost of one draft step over one target
+step; v: cost of the target's verification forward over gamma+1 tokens over one ordinary decode step (the
+articles take v = 1; on a CPU it is measured larger, see the README).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check_alpha(alpha):
+    a = np.asarray(alpha, dtype=float)
+    if np.any((a < 0) | (a > 1)):
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    return a
+
+
+def expected_tokens(alpha, gamma: int):
+    """E[N] = (1 - alpha^(gamma+1)) / (1 - alpha): expected tokens one round emits (bonus included).
+    The limit alpha -> 1 is gamma + 1."""
+    a = _check_alpha(alpha)
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = np.where(a < 1, (1 - a ** (gamma + 1)) / np.where(a < 1, 1 - a, 1), gamma + 1.0)
+    return float(value) if np.ndim(value) == 0 else value
+
+
+def speedup(alpha, gamma: int, c, v=1.0):
+    """Expected walltime improvement E[N] / (gamma * c + v) over one-token-per-target-step decoding."""
+    if np.any(np.asarray(c) < 0) or np.any(np.asarray(v) <= 0):
+        raise ValueError(f"need c >= 0 and v > 0, got c={c}, v={v}")
+    value = expected_tokens(alpha, gamma) / (gamma * np.asarray(c, dtype=float) + np.asarray(v, dtype=float))
+    return float(value) if np.ndim(value) == 0 else value
+
+
+def best_gamma(alpha: float, c: float, v=1.0, max_gamma: int = 16) -> int:
+    """The gamma in 1..max_gamma with the largest expected speedup. ``v`` may be a number or a function of
+    gamma (measured verification cost)."""
+    cost = v if callable(v) else (lambda g: v)
+    speeds = [speedup(alpha, g, c, cost(g)) for g in range(1, max_gamma + 1)]
+    return int(np.argmax(speeds)) + 1
+
+
+def expected_tokens_limit(alpha: float) -> float:
+    """sup over gamma of E[N] = 1 / (1 - alpha) (article 004 states alpha / (1 - alpha), which counts the
+    accepted drafts without the bonus token)."""
+    a = float(_check_alpha(alpha))
+    return float("inf") if a == 1 else 1.0 / (1.0 - a)

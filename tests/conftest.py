@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny random Hugging Face Llama models (made here, no download) and the embedded target."""
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import specdec_lite as sd
+
+# SPECDEC_TEST_DEVICE=cuda runs the model tests on a GPU (make gpu-check)
+DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
+
+
+def tiny_llama(vocab=64, layers=4, hidden=32, seed=0, max_positions=256):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_positions, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).to(DEVICE).eval()
+    # sharpen the random model's output so greedy paths are not decided by float noise
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    return tiny_llama(layers=4, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft():
+    return tiny_llama(layers=1, seed=1)
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, float32."""
+    return sd.load_model(sd.EMBEDDED_TARGET, device=DEVICE, dtype=torch.float32)

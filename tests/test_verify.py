@@ -1,0 +1,109 @@
+"""The verifier on its own: shapes, the acceptance rule, the overlap identity (C2), greedy verification."""
+import pytest
+import torch
+
+import specdec_lite as sd
+from specdec_lite.verify import outcome_distribution
+
+
+def random_probs(*shape, seed=0):
+    """Dirichlet(0.5) rows: spiky distributions, so draft and target disagree often."""
+    torch.manual_seed(seed)
+    return torch.distributions.Dirichlet(torch.full((shape[-1],), 0.5, dtype=torch.float64)).sample(shape[:-1])
+
+
+def test_shapes_and_ranges():
+    torch.manual_seed(0)
+    B, gamma, V = 5, 4, 11
+    q = random_probs(B, gamma, V)
+    p = random_probs(B, gamma + 1, V)
+    drafts = torch.multinomial(q.reshape(-1, V), 1).reshape(B, gamma)
+    n, nxt = sd.verify(drafts, q, p, torch.Generator().manual_seed(0))
+    assert n.shape == (B,) and nxt.shape == (B,)
+    assert ((n >= 0) & (n <= gamma)).all() and ((nxt >= 0) & (nxt < V)).all()
+
+
+def test_identical_distributions_accept_everything():
+    torch.manual_seed(1)
+    B, gamma, V = 64, 3, 9
+    p = random_probs(B, gamma + 1, V)
+    q = p[:, :gamma].clone()
+    drafts = torch.multinomial(q.reshape(-1, V), 1).reshape(B, gamma)
+    n, _ = sd.verify(drafts, q, p, torch.Generator().manual_seed(0))
+    assert (n == gamma).all()
+
+
+def test_zero_target_probability_is_always_rejected_and_never_emitted():
+    V = 4
+    p = torch.tensor([[[0.0, 0.5, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]]]).repeat(1000, 1, 1)
+    q = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]]).repeat(1000, 1, 1)
+    drafts = torch.zeros(1000, 1, dtype=torch.long)
+    n, nxt = sd.verify(drafts, q, p, torch.Generator().manual_seed(0))
+    assert (n == 0).all() and ((nxt == 1) | (nxt == 2)).all()
+
+
+def test_acceptance_probability_equals_overlap_c2():
+    """C2: P(accept) = sum_x min(p(x), q(x)); exact by outcome_distribution, and by 400k Monte Carlo draws
+    (standard error about 8e-4, tolerance 5 standard errors)."""
+    V = 7
+    p = random_probs(1, 2, V, seed=3)
+    q = random_probs(1, 1, V, seed=4)
+    overlap = torch.minimum(p[0, 0], q[0, 0]).sum().item()
+    # exact: P(num_accepted = 1) summed over next tokens, averaged over the draft token x ~ q
+    exact = sum(q[0, 0, x].item() * outcome_distribution(torch.tensor([[x]]), q, p)[0, 1].sum().item()
+                for x in range(V))
+    assert exact == pytest.approx(overlap, abs=1e-12)
+    N = 400_000
+    drafts = torch.multinomial(q[0, 0], N, replacement=True, generator=torch.Generator().manual_seed(1))[:, None]
+    n, _ = sd.verify(drafts, q.expand(N, -1, -1), p.expand(N, -1, -1), torch.Generator().manual_seed(2))
+    se = (overlap * (1 - overlap) / N) ** 0.5
+    assert abs(n.double().mean().item() - overlap) < 5 * se
+
+
+def test_outcome_distribution_is_a_distribution_and_first_token_is_p():
+    B, gamma, V = 3, 3, 6
+    p = random_probs(B, gamma + 1, V, seed=5)
+    q = random_probs(B, gamma, V, seed=6)
+    # average over drafts x1 ~ q1: the first emitted token must be distributed as p1
+    first = torch.zeros(V, dtype=torch.float64)
+    for x in range(V):
+        drafts = torch.tensor([[x, 0, 0]])
+        law = outcome_distribution(drafts, q[:1], p[:1])[0]
+        assert law.sum().item() == pytest.approx(1.0, abs=1e-12)
+        first[x] += q[0, 0, x] * law[1:].sum()  # accepted: x is emitted first
+        first += q[0, 0, x] * law[0]  # rejected at once: the corrected token is first
+    assert torch.allclose(first, p[0, 0], atol=1e-12)
+
+
+def test_point_mass_drafts():
+    V = 5
+    p = random_probs(2000, 3, V, seed=7)
+    drafts = torch.zeros(2000, 2, dtype=torch.long)
+    n, nxt = sd.verify(drafts, None, p, torch.Generator().manual_seed(0))
+    # a rejected point mass x is never the corrected token
+    assert (nxt[n == 0] != 0).all()
+    law = outcome_distribution(drafts[:1], None, p[:1])[0]
+    assert law[0, 0].item() == 0.0 and law.sum().item() == pytest.approx(1.0)
+    assert law[1:].sum().item() == pytest.approx(p[0, 0, 0].item())
+
+
+def test_greedy_verification():
+    drafts = torch.tensor([[3, 4, 5], [3, 9, 5], [1, 2, 3]])
+    argmax = torch.tensor([[3, 4, 5, 6], [3, 4, 5, 6], [0, 2, 3, 7]])
+    n, nxt = sd.verify_greedy(drafts, argmax)
+    assert n.tolist() == [3, 1, 0] and nxt.tolist() == [6, 4, 0]
+
+
+def test_shape_errors_are_clear():
+    with pytest.raises(ValueError, match="gamma\\+1"):
+        sd.verify(torch.zeros(1, 2, dtype=torch.long), None, torch.rand(1, 2, 4).softmax(-1))
+    with pytest.raises(ValueError, match="q must be"):
+        sd.verify(torch.zeros(1, 2, dtype=torch.long), torch.rand(1, 3, 4), torch.rand(1, 3, 4))
+
+
+def test_verify_handles_large_batches_in_one_call():
+    B, gamma, V = 20_000, 2, 64
+    p = torch.full((B, gamma + 1, V), 1.0 / V)
+    q = torch.full((B, gamma, V), 1.0 / V)
+    n, nxt = sd.verify(torch.zeros(B, gamma, dtype=torch.long), q, p, torch.Generator().manual_seed(0))
+    assert (n == gamma).all() and nxt.shape == (B,)
