@@ -109,6 +109,14 @@ def check_request(input_ids, max_length, gamma: int, max_new_tokens: int, sampli
     return input_ids.long()
 
 
+def check_batch(input_ids, *lms) -> None:
+    """Rows of a batch accept different numbers of drafts; only wrappers with per-row caches allow that."""
+    if input_ids.shape[0] > 1 and not all(getattr(lm, "ragged_batches", False) for lm in lms if lm is not None):
+        raise NotImplementedError(
+            f"a batch of {input_ids.shape[0]} prompts needs per-row caches, which only the toy models have; "
+            "Hugging Face caches roll back all rows together: run real models with batch size 1")
+
+
 def check_vocab(target_lm, drafter: Drafter) -> None:
     """The draft must speak the target's vocabulary (after alignment to the tokenizer's size)."""
     if drafter.vocab_size is not None and drafter.vocab_size != target_lm.vocab_size:
@@ -170,6 +178,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     drafter = as_drafter(draft)
     input_ids = check_request(input_ids, target_lm.max_length, gamma, max_new_tokens, sampling)
     check_vocab(target_lm, drafter)
+    check_batch(input_ids, target_lm, getattr(drafter, "lm", None))
     _check_pair_tokenizers(target, drafter)
     eos = _eos_set(eos_token_id)
     device = target_lm.device
@@ -241,6 +250,7 @@ def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
     """The baseline: one target forward per token, through the same wrapper, sampling rule and generator."""
     target_lm = as_language_model(target)
     input_ids = check_request(input_ids, target_lm.max_length, 1, max_new_tokens, sampling)
+    check_batch(input_ids, target_lm)
     eos = _eos_set(eos_token_id)
     device = target_lm.device
     generator = torch.Generator(device=device).manual_seed(seed)

@@ -18,6 +18,7 @@ class MarkovLM:
     """transition[a, b] = P(next = b | last = a); rows must sum to 1."""
 
     max_length = None
+    ragged_batches = True  # per-row cache lengths: batches whose rows accept different counts are fine
 
     def __init__(self, transition):
         t = torch.as_tensor(np.asarray(transition, dtype=np.float64))

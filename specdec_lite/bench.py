@@ -1,0 +1,144 @@
+"""Timing harness: ours against transformers, side by side, in one run.
+
+    python -m specdec_lite.bench [--device cpu] [--max-new-tokens 64] [--repeats 3] [--gamma 4]
+
+Three comparisons on the embedded target, greedy, each on the same prompts in alternating order:
+  1. our autoregressive baseline vs transformers' ``generate``;
+  2. our speculative decoding with the n-gram draft vs transformers' prompt lookup (``prompt_lookup_num_tokens``);
+  3. our speculative decoding with a draft model vs transformers' assisted generation with the same draft
+     (the target's first layers as a standalone model: the layer-skip draft's weights, ``num_assistant_tokens``
+     constant at gamma).
+Outputs are checked identical under greedy. Reports medians of tokens/s over prompts x repeats, the spread
+(25th-75th percentile) and the ratio of medians. The machine is noisy: compare ratios, not absolute times.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import pandas as pd
+import torch
+
+from .decode import _Clock, autoregressive_generate, speculative_generate
+from .drafts import LayerSkipDraft, NGramDraft
+from .models import EMBEDDED_TARGET, load_model, resolve_device
+from .sampling import SamplingParams
+
+BENCH_PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples.",
+    "Repeat the following list in reverse order, one item per line: apple, banana, cherry, date, elderberry, fig.",
+    "Explain in three sentences why the sky is blue.",
+]
+GREEDY = SamplingParams(temperature=0)
+
+
+def chat_ids(tokenizer, text: str, device) -> torch.Tensor:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    return ids.to(device)
+
+
+def timed(fn, device):
+    """(result, seconds) with CUDA synchronized around the call."""
+    clock = _Clock(device)
+    start = clock.now()
+    result = fn()
+    return result, clock.now() - start
+
+
+def summarize(times: dict, tokens: dict) -> pd.DataFrame:
+    rows = []
+    for name, ts in times.items():
+        rates = [n / t for n, t in zip(tokens[name], ts)]
+        q = statistics.quantiles(rates, n=4) if len(rates) > 1 else [rates[0]] * 3
+        rows.append({"method": name, "median tokens/s": statistics.median(rates), "p25": q[0], "p75": q[2],
+                     "runs": len(rates)})
+    return pd.DataFrame(rows)
+
+
+def compare(methods: dict, prompts, repeats: int, device) -> tuple[pd.DataFrame, bool]:
+    """Run every method on every prompt ``repeats`` times, interleaved; check greedy outputs are identical."""
+    times = {name: [] for name in methods}
+    tokens = {name: [] for name in methods}
+    identical = True
+    for x in prompts:
+        for name, fn in methods.items():  # warm-up
+            fn(x)
+        for r in range(repeats):
+            order = list(methods) if r % 2 == 0 else list(reversed(methods))
+            outputs = {}
+            for name in order:
+                out, seconds = timed(lambda: methods[name](x), device)
+                outputs[name] = out
+                times[name].append(seconds)
+                tokens[name].append(len(out))
+            first = next(iter(outputs.values()))
+            identical &= all(torch.equal(first, o) for o in outputs.values())
+    return summarize(times, tokens), identical
+
+
+def run(device="auto", max_new_tokens=64, repeats=3, gamma=4, exit_layer=10) -> pd.DataFrame:
+    device = resolve_device(device)
+    model, tokenizer = load_model(EMBEDDED_TARGET, device=device, dtype=torch.float32)
+    eos = tokenizer.eos_token_id
+    prompts = [chat_ids(tokenizer, p, device) for p in BENCH_PROMPTS]
+    hf_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos)
+
+    def hf(x, **kw):
+        return model.generate(x, attention_mask=torch.ones_like(x), **hf_kwargs, **kw)[0, x.shape[1]:].cpu()
+
+    ngram = NGramDraft(max_ngram=3)
+    layer_skip = LayerSkipDraft(model, exit_layer=exit_layer)
+    assistant = copy.copy(layer_skip.lm.model)  # the same weights, as a standalone transformers model
+    assistant.generation_config = copy.deepcopy(model.generation_config)
+    assistant.generation_config.num_assistant_tokens = gamma
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant.generation_config.assistant_confidence_threshold = 0.0
+
+    def ours_ar(x):
+        return autoregressive_generate(model, x, max_new_tokens=max_new_tokens, sampling=GREEDY, eos_token_id=eos).tokens
+
+    def ours_spec(draft):
+        return lambda x: speculative_generate(model, draft, x, gamma=gamma, max_new_tokens=max_new_tokens,
+                                              sampling=GREEDY, eos_token_id=eos).tokens
+
+    groups = {
+        "autoregressive": {"ours": ours_ar, "transformers generate": hf},
+        "n-gram draft": {"ours": ours_spec(ngram),
+                         "transformers prompt lookup": lambda x: hf(x, prompt_lookup_num_tokens=gamma,
+                                                                    max_matching_ngram_size=3)},
+        f"draft model (target's first {exit_layer} layers)": {
+            "ours": ours_spec(layer_skip),
+            "transformers assisted": lambda x: hf(x, assistant_model=assistant)},
+    }
+    frames = []
+    for group, methods in groups.items():
+        frame, identical = compare(methods, prompts, repeats, device)
+        frame.insert(0, "comparison", group)
+        frame["ratio to transformers"] = frame["median tokens/s"] / frame["median tokens/s"].iloc[1]
+        frame["greedy outputs identical"] = identical
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--exit-layer", type=int, default=10)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    table = run(args.device, args.max_new_tokens, args.repeats, args.gamma, args.exit_layer)
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 3):
+        print(table.to_string(index=False))
+    print(f"\n{torch.get_num_threads()} threads, torch {torch.__version__}; {time.perf_counter() - start:.0f} s")
+    if not table["greedy outputs identical"].all():
+        raise SystemExit("greedy outputs differ between ours and transformers: see the table")
+
+
+if __name__ == "__main__":
+    main()

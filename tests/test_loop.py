@@ -1,0 +1,178 @@
+"""The loop on tiny random Hugging Face Llama models: greedy identity, cache truth, EOS, round bounds (C4)."""
+import pytest
+import torch
+
+import specdec_lite as sd
+from specdec_lite.lm import HFCausalLM
+from specdec_lite.toy import MarkovLM, random_pair
+
+from conftest import DEVICE, tiny_llama
+
+GREEDY = sd.SamplingParams(temperature=0)
+
+
+def prompt(n=7, seed=0, vocab=64):
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def draft_kinds(target, draft):
+    return {
+        "draft model": draft,
+        "n-gram": sd.NGramDraft(),
+        "layer-skip (early exit)": sd.LayerSkipDraft(target, exit_layer=2),
+        "layer-skip (skip middle)": sd.LayerSkipDraft(target),
+        "target as its own draft": target,
+    }
+
+
+@pytest.mark.parametrize("kind", ["draft model", "n-gram", "layer-skip (early exit)", "layer-skip (skip middle)",
+                                  "target as its own draft"])
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_identity_tiny(tiny_target, tiny_draft, kind, gamma):
+    x = prompt(seed=gamma)
+    reference = tiny_target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=48, do_sample=False,
+                                     pad_token_id=0)[0, x.shape[1]:].cpu()
+    ours = sd.autoregressive_generate(tiny_target, x, max_new_tokens=48, sampling=GREEDY)
+    assert torch.equal(ours.tokens, reference)
+    draft = draft_kinds(tiny_target, tiny_draft)[kind]
+    spec = sd.speculative_generate(tiny_target, draft, x, gamma=gamma, max_new_tokens=48, sampling=GREEDY)
+    assert torch.equal(spec.tokens, reference)
+
+
+def test_self_draft_accepts_everything(tiny_target):
+    spec = sd.speculative_generate(tiny_target, tiny_target, prompt(), gamma=4, max_new_tokens=40, sampling=GREEDY)
+    assert spec.stats.acceptance_rate == 1.0
+    assert all(n == 5 for n in spec.stats.accepted_lengths[:-1])
+
+
+class CheckedLM(HFCausalLM):
+    """Records the tokens it has seen and, on every feed, compares its logits (computed with the rolled-back
+    cache) with a fresh recompute over the whole history without any cache."""
+
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
+        self.history = None
+        self.checks = 0
+        self.max_error = 0.0
+
+    def reset(self, batch_size):
+        super().reset(batch_size)
+        self.history = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
+
+    def feed(self, tokens, num_logits=None):
+        logits = super().feed(tokens, num_logits)
+        self.history = torch.cat([self.history, tokens], dim=1)
+        with torch.inference_mode():
+            fresh = self.model(input_ids=self.history, use_cache=False).logits[:, -logits.shape[1]:, : self.vocab_size]
+        self.max_error = max(self.max_error, (fresh - logits).abs().max().item())
+        self.checks += 1
+        assert self.cache_seq_length() == self.length == self.history.shape[1]
+        return logits
+
+    def crop(self, lengths):
+        super().crop(lengths)
+        self.history = self.history[:, : int(lengths.max())]
+        assert self.cache_seq_length() == self.length == self.history.shape[1]
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, sd.SamplingParams(temperature=1.0)])
+def test_cache_truth_after_every_rollback(tiny_target, tiny_draft, sampling):
+    target = CheckedLM(tiny_target)
+    draft_lm = CheckedLM(tiny_draft)
+    x = prompt(n=9)
+    spec = sd.speculative_generate(target, sd.ModelDraft(draft_lm), x, gamma=4, max_new_tokens=60, sampling=sampling)
+    # cache lengths equal the tokens seen: everything but the newest token
+    total = x.shape[1] + len(spec.tokens)
+    assert target.length == total - 1 and target.history.shape[1] == total - 1
+    assert target.checks == spec.stats.rounds + 1 and draft_lm.checks > spec.stats.rounds
+    assert any(n < 5 for n in spec.stats.accepted_lengths)  # rollbacks really happened
+    assert target.max_error < 1e-4 and draft_lm.max_error < 1e-4
+
+
+def test_cache_truth_layer_skip(tiny_target):
+    draft = sd.LayerSkipDraft(tiny_target, layers=[0, 3])
+    draft.lm = CheckedLM(draft.lm.model, vocab_size=draft.lm.vocab_size)
+    spec = sd.speculative_generate(tiny_target, draft, prompt(), gamma=3, max_new_tokens=40, sampling=GREEDY)
+    assert draft.lm.checks > spec.stats.rounds and draft.lm.max_error < 1e-4
+    # the layer-skip draft has its own cache: the target's layers are untouched and it still decodes alone
+    assert torch.equal(spec.tokens, sd.autoregressive_generate(tiny_target, prompt(), max_new_tokens=40,
+                                                               sampling=GREEDY).tokens)
+
+
+def test_round_bounds_c4():
+    """C4: each round emits between 1 and gamma+1 tokens."""
+    target, draft = random_pair(6, 0.5, 1)
+    for gamma in (1, 2, 5):
+        gen = sd.speculative_generate(target, draft, torch.zeros(2000, 1, dtype=torch.long), gamma=gamma,
+                                      max_new_tokens=20, seed=gamma)
+        lengths = torch.tensor(gen.stats.accepted_lengths)
+        assert lengths.min() >= 1 and lengths.max() <= gamma + 1
+        assert lengths.max() == gamma + 1 and lengths.min() == 1  # both extremes occur
+
+
+def deterministic_chain(vocab=8):
+    """0 -> 1 -> 2 -> ... -> vocab-1 -> 0, with probability 1."""
+    t = torch.zeros(vocab, vocab, dtype=torch.float64)
+    t[torch.arange(vocab), (torch.arange(vocab) + 1) % vocab] = 1.0
+    return MarkovLM(t)
+
+
+def test_eos_accepted_mid_block_stops_generation():
+    chain = deterministic_chain()
+    gen = sd.speculative_generate(chain, deterministic_chain(), torch.tensor([[0]]), gamma=6, max_new_tokens=20,
+                                  eos_token_id=3)
+    assert gen.tokens.tolist() == [1, 2, 3]  # EOS was accepted as the 3rd of 6 drafts; nothing after it
+    assert gen.stats.rounds == 1 and gen.stats.new_tokens == 3
+    base = sd.autoregressive_generate(chain, torch.tensor([[0]]), max_new_tokens=20, eos_token_id=[5, 3])
+    assert base.tokens.tolist() == [1, 2, 3]
+
+
+def test_eos_on_real_model(tiny_target, tiny_draft):
+    x = prompt()
+    full = sd.autoregressive_generate(tiny_target, x, max_new_tokens=30, sampling=GREEDY).tokens
+    eos = int(full[10])
+    first = int((full == eos).nonzero()[0])
+    for draft in (tiny_draft, sd.NGramDraft(), tiny_target):
+        spec = sd.speculative_generate(tiny_target, draft, x, gamma=5, max_new_tokens=30, sampling=GREEDY,
+                                       eos_token_id=eos)
+        assert spec.tokens.tolist() == full[: first + 1].tolist()
+
+
+def test_max_new_tokens_is_exact():
+    target, draft = random_pair(5, 0.5, 2)
+    gen = sd.speculative_generate(target, target, torch.zeros(1, 1, dtype=torch.long), gamma=7, max_new_tokens=10)
+    assert len(gen.tokens) == 10
+
+
+def test_stats_are_consistent(tiny_target, tiny_draft):
+    spec = sd.speculative_generate(tiny_target, tiny_draft, prompt(), gamma=4, max_new_tokens=50,
+                                   sampling=sd.SamplingParams(temperature=1.0))
+    s = spec.stats
+    assert s.rounds == len(s.accepted_lengths) and s.drafted == 4 * s.rounds
+    assert s.accepted == sum(s.accepted_lengths) - s.rounds
+    assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
+    assert s.mean_accepted_length == pytest.approx(sum(s.accepted_lengths) / s.rounds)
+    assert sum(s.accepted_lengths) >= 50 == len(spec.tokens)
+    assert 0 < s.draft_seconds and 0 < s.target_seconds and s.draft_seconds + s.target_seconds <= s.total_seconds
+
+
+def test_sampling_is_seeded(tiny_target, tiny_draft):
+    run = lambda seed: sd.speculative_generate(tiny_target, tiny_draft, prompt(), gamma=3, max_new_tokens=30,
+                                               sampling=sd.SamplingParams(temperature=1.0), seed=seed).tokens
+    assert torch.equal(run(1), run(1)) and not torch.equal(run(1), run(2))
+
+
+def test_padded_draft_vocabulary_is_aligned():
+    """A draft whose embedding is padded beyond the tokenizer is aligned to the tokenizer's size."""
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"t{i}": i for i in range(64)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")))
+    target = tiny_llama(vocab=64, layers=2, seed=0)
+    padded = tiny_llama(vocab=80, layers=1, seed=3)
+    sd.register_tokenizer(padded, tok)
+    sd.register_tokenizer(target, tok)
+    spec = sd.speculative_generate(target, padded, prompt(), gamma=3, max_new_tokens=30, sampling=GREEDY)
+    assert torch.equal(spec.tokens, sd.autoregressive_generate(target, prompt(), max_new_tokens=30,
+                                                               sampling=GREEDY).tokens)
