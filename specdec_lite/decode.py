@@ -2,10 +2,12 @@
 
 One round, as in Leviathan et al. 2023 (Algorithm 1):
   draft   -> gamma tokens x_1..x_gamma and the distributions q they were drawn from
-  target  -> one forward over (last token, x_1..x_gamma): p for gamma+1 positions
+  target  -> one forward over (newest token, x_1..x_gamma): p for gamma+1 positions
   verify  -> n accepted drafts plus one corrected (or bonus) token
   emit    -> x_1..x_n, next
-  rollback-> both caches keep only what was emitted (the newest token is fed next round)
+  rollback-> both caches keep only what was emitted, minus the newest token, which is fed next round
+There is no separate prefill: in the first round the "newest token" is the whole prompt, so the prompt is
+processed in the same forward that verifies the first drafts (as transformers' generate does).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafts import Drafter, as_drafter
-from .lm import as_language_model, tokenizer_of
+from .lm import as_language_model, feed_unseen, tokenizer_of
 from .models import check_tokenizers
 from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
 from .verify import verify, verify_greedy
@@ -26,13 +28,12 @@ class GenerationStats:
     """Per-run statistics. An 'accepted length' counts the tokens one round emitted, the corrected or bonus
     token included (so it is >= 1), as vLLM and Spec-Bench count it."""
 
-    rounds: int = 0  # verification rounds (target forwards after the prefill)
+    rounds: int = 0  # target forwards (the first one also processes the prompt)
     accepted_lengths: list = field(default_factory=list)  # per round and active row: accepted drafts + 1
     drafted: int = 0  # draft tokens proposed to the verifier
     accepted: int = 0  # draft tokens the verifier accepted
     new_tokens: int = 0  # tokens returned (after max_new_tokens and EOS truncation), all rows
-    prefill_seconds: float = 0.0
-    draft_seconds: float = 0.0
+    draft_seconds: float = 0.0  # the first round includes each model's prompt forward (the prefill)
     target_seconds: float = 0.0
     total_seconds: float = 0.0
 
@@ -134,6 +135,13 @@ def _check_pair_tokenizers(target, drafter: Drafter) -> None:
         check_tokenizers(t_tok, d_tok)
 
 
+def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch.Tensor:
+    """The argmax after the repetition penalty (the other settings do not move the argmax)."""
+    if sampling.repetition_penalty == 1.0:
+        return logits.argmax(-1)
+    return probs_from_logits(logits, sampling, seen).argmax(-1)
+
+
 def _new_buffer(input_ids, max_new_tokens, gamma, device):
     B, T = input_ids.shape
     # room for finished rows that keep drafting (their writes land past their length and are ignored)
@@ -175,7 +183,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     With ``sampling.temperature == 0`` the output is the target's own greedy output, token for token.
     """
     target_lm = as_language_model(target)
-    drafter = as_drafter(draft)
+    drafter = as_drafter(draft, target)
     input_ids = check_request(input_ids, target_lm.max_length, gamma, max_new_tokens, sampling)
     check_vocab(target_lm, drafter)
     check_batch(input_ids, target_lm, getattr(drafter, "lm", None))
@@ -187,15 +195,11 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     stats = GenerationStats()
     start = clock.now()
 
-    # prefill: both models see the prompt except its last token
     input_ids = input_ids.to(device)
     B, T = input_ids.shape
     seq, lengths = _new_buffer(input_ids, max_new_tokens, gamma, device)
     target_lm.reset(B)
-    if T > 1:
-        target_lm.feed(input_ids[:, :-1], num_logits=1)
     drafter.begin(input_ids)
-    stats.prefill_seconds = clock.now() - start
     rows = torch.arange(B, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
 
@@ -205,20 +209,19 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
         drafts, q = drafter.propose(seq, lengths, gamma, sampling, generator)  # (B, k), (B, k, V) | None
         t1 = clock.now()
 
-        # 2) target: one forward over the newest token and the drafts -> p at k+1 positions
-        last = seq[rows, lengths - 1]
-        logits = target_lm.feed(torch.cat([last[:, None], drafts], dim=1))  # (B, k+1, V)
+        # 2) target: one forward over the newest token and the drafts -> logits at k+1 positions
+        k = drafts.shape[1]
+        logits = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1)  # (B, k+1, V)
         seen = seen_mask(seq, lengths, drafts, target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
-        p = probs_from_logits(logits, sampling, seen)  # (B, k+1, V)
 
         # 3) verify: n accepted drafts, then the corrected or bonus token
         if sampling.greedy:
-            n, next_token = verify_greedy(drafts, p.argmax(-1))
+            n, next_token = verify_greedy(drafts, greedy_choice(logits, sampling, seen))
         else:
+            p = probs_from_logits(logits, sampling, seen)  # (B, k+1, V)
             n, next_token = verify(drafts, q, p, generator)
 
         # 4) emit x_1..x_n, next_token (rows already finished do not advance)
-        k = drafts.shape[1]
         emitted = torch.cat([drafts, next_token[:, None]], dim=1)
         emitted[rows, n] = next_token
         seq.scatter_(1, lengths[:, None] + torch.arange(k + 1, device=device)[None, :], emitted)
@@ -262,19 +265,19 @@ def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
     B, T = input_ids.shape
     seq, lengths = _new_buffer(input_ids, max_new_tokens, 1, device)
     target_lm.reset(B)
-    if T > 1:
-        target_lm.feed(input_ids[:, :-1], num_logits=1)
-    stats.prefill_seconds = clock.now() - start
     rows = torch.arange(B, device=device)
     no_drafts = seq.new_zeros(B, 0)
     done = torch.zeros(B, dtype=torch.bool, device=device)
 
     while not bool(done.all()):
         t0 = clock.now()
-        logits = target_lm.feed(seq[rows, lengths - 1][:, None])  # (B, 1, V)
+        logits = feed_unseen(target_lm, seq, lengths, num_logits=1)  # (B, 1, V); the prompt in the first step
         seen = seen_mask(seq, lengths, no_drafts, target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
-        p = probs_from_logits(logits[:, -1], sampling, None if seen is None else seen[:, -1])
-        next_token = p.argmax(-1) if sampling.greedy else sample(p, generator)
+        if sampling.greedy:
+            next_token = greedy_choice(logits, sampling, seen)[:, -1]
+        else:
+            next_token = sample(probs_from_logits(logits[:, -1], sampling, None if seen is None else seen[:, -1]),
+                                generator)
         seq[rows, lengths] = torch.where(done, seq[rows, lengths], next_token)
         lengths = torch.where(done, lengths, lengths + 1)
         target_lm.crop(lengths - 1)  # finished rows forget the token they were fed

@@ -13,14 +13,8 @@ import copy
 
 import torch
 
-from .lm import HFCausalLM, as_language_model, is_language_model
+from .lm import HFCausalLM, as_language_model, feed_unseen, gather_tail, is_language_model
 from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
-
-
-def gather_tail(seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
-    """The last n valid tokens of each row: (B, n)."""
-    idx = lengths[:, None] - n + torch.arange(n, device=seq.device)[None, :]
-    return seq.gather(1, idx)
 
 
 class Drafter:
@@ -46,17 +40,12 @@ class ModelDraft(Drafter):
         self.vocab_size = self.lm.vocab_size
 
     def begin(self, input_ids: torch.Tensor) -> None:
-        # prefill everything but the last prompt token; the first propose feeds that one
         self.lm.reset(input_ids.shape[0])
-        if input_ids.shape[1] > 1:
-            self.lm.feed(input_ids[:, :-1], num_logits=1)
 
     def propose(self, seq, lengths, gamma, sampling: SamplingParams, generator):
-        # catch up: feed what the cache has not seen (1 token after a rejection, 2 after a full acceptance,
-        # the whole prompt on the first round); rows are cropped to a common count so one forward serves all
-        missing = int((lengths - self.lm.cache_lengths().to(lengths.device)).max())
-        self.lm.crop((lengths - missing).to(self.lm.cache_lengths().device))
-        logits = self.lm.feed(gather_tail(seq, lengths, missing), num_logits=1)[:, -1]  # (B, V)
+        # catch up on what the cache has not seen: the prompt in the first round (the prefill), then 1 token
+        # after a rejection or 2 after a full acceptance
+        logits = feed_unseen(self.lm, seq, lengths, num_logits=1)[:, -1]  # (B, V)
         tokens, qs = [], []
         for i in range(gamma):
             seen = None
@@ -174,10 +163,13 @@ class LayerSkipDraft(ModelDraft):
         super().__init__(HFCausalLM(layer_subset_model(target, self.layers), vocab_size=target_lm.vocab_size))
 
 
-def as_drafter(draft) -> Drafter:
-    """Drafter objects pass through; models (Hugging Face or toy) become a ``ModelDraft``."""
+def as_drafter(draft, target=None) -> Drafter:
+    """Drafter objects pass through; models (Hugging Face or toy) become a ``ModelDraft``. A wrapper object
+    given as both target and draft is copied, so that each role has its own cache."""
     if isinstance(draft, Drafter):
         return draft
+    if is_language_model(draft) and draft is target:
+        return ModelDraft(copy.copy(draft))
     if is_language_model(draft) or isinstance(draft, torch.nn.Module):
         return ModelDraft(draft)
     raise TypeError(f"draft must be a Hugging Face causal LM, a toy model or a Drafter, got {type(draft).__name__}")

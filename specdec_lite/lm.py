@@ -86,14 +86,14 @@ class HFCausalLM:
 
     def crop(self, lengths: torch.Tensor) -> None:
         target = int(lengths.max())
+        if target == self.length and int(lengths.min()) == target:
+            return
         if int(lengths.min()) != target:
             raise NotImplementedError(
                 "Hugging Face caches roll back all rows to one length; run real models with batch size 1 "
                 "(ragged batches are supported by the toy models only)")
         if target > self.length:
             raise ValueError(f"cannot roll a cache of {self.length} tokens forward to {target}")
-        if target == self.length:
-            return
         self.cache.crop(target - self.length)  # transformers 5.x: a negative count removes that many tokens
         self.length = target
 
@@ -103,6 +103,25 @@ class HFCausalLM:
     def cache_seq_length(self) -> int:
         """What the transformers cache itself reports (for the cache-truth tests)."""
         return self.cache.get_seq_length() if self.cache is not None else 0
+
+
+def gather_tail(seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
+    """The last n valid tokens of each row of the token buffer seq (B, T): (B, n)."""
+    idx = lengths[:, None] - n + torch.arange(n, device=seq.device)[None, :]
+    return seq.gather(1, idx)
+
+
+def feed_unseen(lm, seq: torch.Tensor, lengths: torch.Tensor, extra: torch.Tensor | None = None,
+                num_logits: int | None = None) -> torch.Tensor:
+    """Feed the tokens of ``seq`` the cache has not seen yet (the whole prompt on the first call, then 1 or 2
+    tokens), followed by ``extra`` (B, k); rows are cropped to a common count so that one forward serves all.
+    Returns the logits of the last ``num_logits`` fed positions."""
+    missing = int((lengths - lm.cache_lengths().to(lengths.device)).max())
+    lm.crop(lengths - missing)
+    tokens = gather_tail(seq, lengths, missing)
+    if extra is not None:
+        tokens = torch.cat([tokens, extra], dim=1)
+    return lm.feed(tokens, num_logits=num_logits)
 
 
 def is_language_model(obj) -> bool:

@@ -41,6 +41,7 @@ class MarkovLM:
         return logits if num_logits is None else logits[:, -num_logits:]
 
     def crop(self, lengths: torch.Tensor) -> None:
+        lengths = lengths.to(self.lengths.device)
         if (lengths > self.lengths).any():
             raise ValueError("cannot roll a cache forward")
         self.lengths = lengths.clone()
