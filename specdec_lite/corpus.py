@@ -1,0 +1,192 @@
+"""Target-made training text: the raw material for training drafts (standalone, EAGLE-style, Medusa).
+
+Text written by the target itself is what a draft must learn to predict, and on a 2-core CPU it is the scarce
+resource (about 100-400k tokens an hour), so it is kept compactly and every run appends to it:
+
+    data/target_text/tokens.bin    uint16 token ids, records back to back (prompt with chat template, then reply)
+    data/target_text/index.jsonl   one line per record: id, family, prompt, offset, prompt_len, gen_len,
+                                   temperature, top_p, seed, target
+
+    python -m specdec_lite.corpus --budget 200000          # resumes: prompts already done are skipped
+
+The training prompts are generated from templates here (``training_prompts``) and are disjoint from the
+evaluation prompts in ``data/prompts/`` (a test checks it).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "data" / "target_text"
+TEMPERATURES = (0.0, 0.7, 1.0)  # cycled over records: greedy text for greedy acceptance, sampled for variety
+
+_CODE_TASKS = [
+    "reverses a linked list", "merges two sorted lists", "counts the vowels in a string", "computes a factorial",
+    "checks whether a number is prime", "finds the largest element of a list", "removes duplicates from a list",
+    "converts Celsius to Fahrenheit", "parses a CSV line into fields", "computes the mean and median of numbers",
+    "flattens a nested list", "returns the n-th Fibonacci number", "checks if two strings are anagrams",
+    "sorts a list of dictionaries by a key", "reads a text file and counts its lines", "implements binary search",
+    "validates an email address with a regular expression", "computes the greatest common divisor",
+    "transposes a matrix", "groups words by their first letter", "finds the longest common prefix",
+    "implements a simple stack class", "implements a queue with two stacks", "rotates a list by k positions",
+    "counts word frequencies in a text", "converts a Roman numeral to an integer", "checks balanced parentheses",
+    "generates all permutations of a list", "computes the power set of a set", "formats a number with commas",
+    "converts a string to title case", "finds all primes below n with a sieve", "merges two dictionaries",
+    "computes the edit distance between two strings", "returns the k most common items", "chunks a list",
+    "computes a running total", "checks whether a year is a leap year", "capitalizes every sentence",
+    "computes the dot product of two vectors", "finds the second largest number", "zips two lists into a dict",
+]
+_LANGUAGES = ["Python", "JavaScript", "C", "Go", "Rust"]
+_CODE_STYLES = ["", " Include a docstring.", " Add short comments.", " Then show an example call.",
+                " Keep it short.", " Handle invalid input."]
+
+_TOPICS = [
+    "photosynthesis", "the water cycle", "black holes", "compound interest", "the French Revolution", "volcanoes",
+    "how vaccines work", "the stock market", "machine learning", "climate change", "the human heart", "rainbows",
+    "plate tectonics", "the printing press", "electric cars", "honey bees", "the internet", "sleep", "inflation",
+    "the Roman Empire", "renewable energy", "coral reefs", "the immune system", "gravity", "recycling",
+    "the moon landing", "DNA", "earthquakes", "supply and demand", "the solar system", "antibiotics",
+    "democracy", "jazz music", "the Great Wall of China", "deserts", "tides", "coffee", "chess", "bread making",
+]
+_EXPLAIN = ["Explain {t} in simple terms.", "Write a short paragraph about {t}.", "What are three facts about {t}?",
+            "Describe {t} to a ten-year-old.", "Why is {t} important?", "Give a brief history of {t}.",
+            "What are common misconceptions about {t}?", "Write a short news report about {t}.",
+            "Compare {t} with something from everyday life.", "Write a short poem about {t}."]
+_ADVICE = [
+    "What are some tips for {a}?", "How do I get better at {a}?", "I am nervous about {a}. Any advice?",
+    "Can you make a simple plan for {a}?", "What mistakes do beginners make when {a}?",
+]
+_ACTIVITIES = [
+    "learning to cook", "running a marathon", "saving money", "learning a new language", "public speaking",
+    "starting a garden", "studying for exams", "moving to a new city", "job interviews", "writing a novel",
+    "learning to swim", "keeping a journal", "making new friends", "waking up early", "learning the guitar",
+    "traveling alone", "training a puppy", "working from home", "reading more books", "planning a wedding",
+]
+_SUBJECTS = ["My brother", "The teacher", "Our neighbors", "The little girl", "My best friend", "The old man",
+             "The students", "Her mother", "The doctor", "We", "They", "The cat"]
+_VERBS = ["is reading a book", "went to the market", "will visit Paris next summer", "likes to play football",
+          "cooked dinner for everyone", "is learning to drive", "forgot the keys at home", "painted the kitchen",
+          "is waiting for the bus", "bought a new bicycle", "wrote a letter", "is sleeping in the garden"]
+_WHEN = ["", " yesterday", " every morning", " on Sunday", " after work", " this evening"]
+_TARGET_LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese"]
+
+
+def training_prompts(seed: int = 0) -> list[dict]:
+    """Template-made instructions in four families (code, explain, advice, translate), shuffled with ``seed``.
+    Every prompt has a stable id, so appending runs skip what is done."""
+    prompts = []
+    for task, lang, style in itertools.product(_CODE_TASKS, _LANGUAGES, _CODE_STYLES):
+        prompts.append(("code", f"Write a {lang} function that {task}.{style}"))
+    for template, topic in itertools.product(_EXPLAIN, _TOPICS):
+        prompts.append(("explain", template.format(t=topic)))
+    for template, act in itertools.product(_ADVICE, _ACTIVITIES):
+        prompts.append(("advice", template.format(a=act)))
+    for i, (subj, verb, lang) in enumerate(itertools.product(_SUBJECTS, _VERBS, _TARGET_LANGUAGES)):
+        when = _WHEN[i % len(_WHEN)]
+        prompts.append(("translate", f"Translate to {lang}: {subj} {verb}{when}."))
+    records = [{"id": f"train-{fam}-{j:05d}", "family": fam, "prompt": text} for j, (fam, text) in enumerate(prompts)]
+    random.Random(seed).shuffle(records)
+    return records
+
+
+def load_index(out_dir: Path = DEFAULT_DIR) -> list[dict]:
+    path = Path(out_dir) / "index.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_records(out_dir: Path = DEFAULT_DIR) -> list[tuple[dict, np.ndarray]]:
+    """[(index entry, token ids of prompt + reply)] for every stored record."""
+    tokens = np.fromfile(Path(out_dir) / "tokens.bin", dtype=np.uint16)
+    return [(e, tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))
+            for e in load_index(out_dir)]
+
+
+def _append(out_dir: Path, entries: list[dict], arrays: list[np.ndarray]) -> None:
+    bin_path = out_dir / "tokens.bin"
+    offset = bin_path.stat().st_size // 2 if bin_path.exists() else 0
+    with open(bin_path, "ab") as fb, open(out_dir / "index.jsonl", "a") as fi:
+        for entry, arr in zip(entries, arrays):
+            entry["offset"] = offset
+            fb.write(arr.astype(np.uint16).tobytes())
+            offset += len(arr)
+            fi.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+
+@torch.inference_mode()
+def generate_corpus(model, tokenizer, out_dir: Path = DEFAULT_DIR, budget_tokens: int = 100_000,
+                    batch_size: int = 16, max_new_tokens: int = 192, top_p: float = 0.95, seed: int = 0,
+                    target_name: str = "smollm2-135m-instruct", progress: bool = True,
+                    max_minutes: float | None = None) -> int:
+    """Append target-written replies to ``out_dir`` until ``budget_tokens`` new reply tokens are written (or
+    ``max_minutes`` have passed; the batch under way is finished first). Returns the number written.
+    Each batch shares one temperature (cycled over ``TEMPERATURES``)."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if len(tokenizer) > 65535:
+        raise ValueError("token ids are stored as uint16; this tokenizer has more than 65,535 tokens")
+    done_ids = {e["id"] for e in load_index(out_dir)}
+    todo = [p for p in training_prompts(seed) if p["id"] not in done_ids]
+    tokenizer.padding_side = "left"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    written, batch_no = 0, len(done_ids) // batch_size
+    bar = tqdm(total=budget_tokens, desc="target-made tokens", disable=not progress)
+    started = time.monotonic()
+    for start in range(0, len(todo), batch_size):
+        if written >= budget_tokens or (max_minutes is not None and time.monotonic() - started > 60 * max_minutes):
+            break
+        batch = todo[start: start + batch_size]
+        temperature = TEMPERATURES[batch_no % len(TEMPERATURES)]
+        batch_no += 1
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
+                                               add_generation_prompt=True, tokenize=False) for p in batch]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        torch.manual_seed(seed * 1_000_003 + batch_no)
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else dict(do_sample=False)
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
+        entries, arrays = [], []
+        for row, p in enumerate(batch):
+            prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].cpu().numpy()
+            reply = out[row, enc["input_ids"].shape[1]:].cpu().numpy()
+            eos_at = np.nonzero(reply == tokenizer.eos_token_id)[0]
+            reply = reply[: eos_at[0] + 1] if len(eos_at) else reply
+            entries.append({**p, "prompt_len": len(prompt_ids), "gen_len": len(reply), "temperature": temperature,
+                            "top_p": top_p if temperature > 0 else 1.0, "seed": seed, "target": target_name})
+            arrays.append(np.concatenate([prompt_ids, reply]))
+            written += len(reply)
+            bar.update(len(reply))
+        _append(out_dir, entries, arrays)
+    bar.close()
+    return written
+
+
+def main(argv=None):
+    from .models import EMBEDDED_TARGET, load_model
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=EMBEDDED_TARGET)
+    parser.add_argument("--out", default=str(DEFAULT_DIR))
+    parser.add_argument("--budget", type=int, default=100_000, help="new reply tokens to write")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=192)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--minutes", type=float, default=None, help="stop after this long (finishing the batch)")
+    args = parser.parse_args(argv)
+    model, tokenizer = load_model(args.target)
+    n = generate_corpus(model, tokenizer, Path(args.out), args.budget, args.batch_size, args.max_new_tokens,
+                        seed=args.seed, target_name=args.target, max_minutes=args.minutes)
+    print(f"wrote {n} reply tokens; {len(load_index(Path(args.out)))} records in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
