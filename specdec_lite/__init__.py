@@ -14,7 +14,7 @@ from . import theory
 from .decode import Generation, GenerationStats, autoregressive_generate, speculative_generate
 from .drafts import Drafter, LayerSkipDraft, ModelDraft, NGramDraft
 from .lm import HFCausalLM, register_tokenizer
-from .models import EMBEDDED_TARGET, check_tokenizers, load_model
+from .models import EMBEDDED_DRAFT, EMBEDDED_TARGET, check_tokenizers, load_model, load_pair
 from .sampling import SamplingParams
 from .toy import MarkovLM
 from .verify import verify, verify_greedy
@@ -22,5 +22,6 @@ from .verify import verify, verify_greedy
 __all__ = [
     "SamplingParams", "verify", "verify_greedy", "load_model", "speculative_generate", "autoregressive_generate",
     "Generation", "GenerationStats", "theory", "Drafter", "ModelDraft", "NGramDraft", "LayerSkipDraft",
-    "HFCausalLM", "MarkovLM", "register_tokenizer", "check_tokenizers", "EMBEDDED_TARGET",
+    "HFCausalLM", "MarkovLM", "register_tokenizer", "check_tokenizers", "EMBEDDED_TARGET", "EMBEDDED_DRAFT",
+    "load_pair",
 ]

@@ -25,6 +25,7 @@ from .decode import _Clock, autoregressive_generate, speculative_generate
 from .drafts import LayerSkipDraft, NGramDraft
 from .models import EMBEDDED_TARGET, load_model, resolve_device
 from .sampling import SamplingParams
+from .tasks import chat_ids
 
 BENCH_PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples.",
@@ -32,12 +33,6 @@ BENCH_PROMPTS = [
     "Explain in three sentences why the sky is blue.",
 ]
 GREEDY = SamplingParams(temperature=0)
-
-
-def chat_ids(tokenizer, text: str, device) -> torch.Tensor:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)["input_ids"]
-    return ids.to(device)
 
 
 def timed(fn, device):

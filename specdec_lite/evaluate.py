@@ -1,0 +1,134 @@
+"""Per-prompt measurements of draft kinds against the autoregressive baseline, and their summaries.
+
+For each prompt, the baseline and every draft run side by side (interleaved, same prompt, same sampling, same
+seed), so ratios are measured under the same machine load. From those runs:
+- acceptance rate (accepted drafts / drafted), mean accepted length (bonus included), acceptance by position;
+- c = draft time per drafted token / target time per autoregressive step (both from the same runs);
+- speedup = tokens/s of speculative decoding / tokens/s of the baseline, per prompt.
+Summaries are medians over prompts per task, and the geometric mean of the per-task medians.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .decode import autoregressive_generate, speculative_generate
+from .sampling import SamplingParams
+from .tasks import chat_ids
+
+
+def acceptance_by_position(accepted_lengths, gamma: int) -> np.ndarray:
+    """P(draft i accepted | drafts 1..i-1 accepted) for i = 1..gamma, from per-round accepted lengths (bonus
+    included). nan where a position was never reached."""
+    n = np.asarray(accepted_lengths) - 1  # accepted drafts per round
+    reached = np.array([(n >= i).sum() for i in range(gamma)], dtype=float)
+    accepted = np.array([(n >= i + 1).sum() for i in range(gamma)], dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return accepted / reached
+
+
+def alpha_estimate(accepted_lengths, gamma: int) -> float:
+    """Pooled per-token acceptance: accepted drafts / drafts the verifier looked at (a round with n < gamma
+    accepted looked at n + 1 drafts). Equals alpha when every position accepts with probability alpha."""
+    n = np.asarray(accepted_lengths) - 1
+    looked = np.minimum(n + 1, gamma).sum()
+    return float(n.sum() / looked) if looked else float("nan")
+
+
+def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_tokens=128,
+                sampling=SamplingParams(temperature=0), seed=0, progress=True) -> pd.DataFrame:
+    """One row per (prompt, method): the baseline ('autoregressive') and each named draft."""
+    from tqdm.auto import tqdm
+
+    rows = []
+    eos = tokenizer.eos_token_id
+    for i, p in enumerate(tqdm(prompts, desc="prompts", disable=not progress)):
+        x = chat_ids(tokenizer, p["prompt"], target.device)
+        runs = {"autoregressive": lambda: autoregressive_generate(
+            target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_token_id=eos)}
+        for name, draft in drafts.items():
+            runs[name] = (lambda d: lambda: speculative_generate(
+                target, d, x, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                eos_token_id=eos))(draft)
+        order = list(runs) if i % 2 == 0 else list(reversed(runs))  # alternate to share drift fairly
+        results = {name: runs[name]() for name in order}
+        base = results["autoregressive"].stats
+        step = base.target_seconds / max(base.rounds, 1)
+        for name, gen in results.items():
+            s = gen.stats
+            row = {"id": p["id"], "task": p["task"], "method": name, "temperature": sampling.temperature,
+                   "gamma": gamma, "new_tokens": s.new_tokens, "seconds": s.total_seconds,
+                   "tokens_per_second": s.tokens_per_second, "rounds": s.rounds}
+            if name != "autoregressive":
+                pos = acceptance_by_position(s.accepted_lengths, gamma)
+                row.update({"acceptance_rate": s.acceptance_rate, "alpha": alpha_estimate(s.accepted_lengths, gamma),
+                            "mean_accepted_length": s.mean_accepted_length,
+                            "c": (s.draft_seconds / s.drafted) / step if s.drafted else float("nan"),
+                            "speedup": s.tokens_per_second / base.tokens_per_second,
+                            "same_as_baseline": bool(torch.equal(gen.tokens, results["autoregressive"].tokens))})
+                row.update({f"accept_pos{j + 1}": v for j, v in enumerate(pos)})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Medians per (method, task), an 'overall' row per method (median over all prompts), and the geometric
+    mean over tasks of the per-task median speedup."""
+    spec = df[df["method"] != "autoregressive"]
+    cols = ["alpha", "acceptance_rate", "mean_accepted_length", "c", "speedup"]
+    per_task = spec.groupby(["method", "task"])[cols].median().reset_index()
+    overall = spec.groupby("method")[cols].median().reset_index().assign(task="overall (median)")
+    geo = per_task.groupby("method")["speedup"].apply(lambda s: math.exp(np.log(s).mean()))
+    overall["speedup_geomean_tasks"] = overall["method"].map(geo)
+    return pd.concat([per_task, overall], ignore_index=True)
+
+
+def to_markdown(df: pd.DataFrame, digits: int = 3) -> str:
+    """A GitHub markdown table (no extra dependency)."""
+    def cell(v):
+        return f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else str(v)
+    header = "| " + " | ".join(map(str, df.columns)) + " |"
+    rule = "| " + " | ".join("---" for _ in df.columns) + " |"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def main(argv=None):
+    """python -m specdec_lite.evaluate: every draft kind against the baseline on the evaluation prompts."""
+    from .drafts import LayerSkipDraft, NGramDraft
+    from .models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_model
+    from .tasks import PROMPTS_DIR, TASKS, load_prompts
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--target", default=EMBEDDED_TARGET)
+    parser.add_argument("--draft", default=EMBEDDED_DRAFT)
+    parser.add_argument("--prompts", default=str(PROMPTS_DIR))
+    parser.add_argument("--prompts-per-task", type=int, default=5)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", default="data/results/draft_kinds.csv")
+    args = parser.parse_args(argv)
+    target, tokenizer = load_model(args.target, args.device)
+    draft, _ = load_model(args.draft, args.device)
+    drafts = {"trained draft": draft, "n-gram": NGramDraft(), "layer-skip": LayerSkipDraft(target)}
+    all_prompts = load_prompts(args.prompts)
+    prompts = [p for t in TASKS for p in [q for q in all_prompts if q["task"] == t][: args.prompts_per_task]]
+    frames = [run_prompts(target, tokenizer, drafts, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                          sampling=SamplingParams(temperature=t)) for t in args.temperatures]
+    runs = pd.concat(frames, ignore_index=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    runs.to_csv(args.out, index=False)
+    for t in args.temperatures:
+        print(f"\n### temperature {t}\n")
+        print(to_markdown(summarize(runs[runs.temperature == t])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Prompt sets (JSONL) and chat templating.
+
+Format: one JSON object per line with at least ``{"id": str, "task": str, "prompt": str}``; any other field is
+kept. ``data/prompts/`` ships 25 prompts per task for code, summarization, dialogue and translation, written
+for this project. Any file (or folder of files) in this format can be passed to the notebooks.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+PROMPTS_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"
+TASKS = ("code", "summarization", "dialogue", "translation")
+REQUIRED = ("id", "task", "prompt")
+
+
+def load_prompts(path: str | Path = PROMPTS_DIR, tasks=None) -> list[dict]:
+    """Prompts from a JSONL file or a folder of them, optionally only ``tasks``; validated, ids unique."""
+    path = Path(path)
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    if not files or not all(f.exists() for f in files):
+        raise FileNotFoundError(f"no prompt file at {path}: give a .jsonl file or a folder of them")
+    records = []
+    for f in files:
+        for number, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{f}:{number}: not valid JSON ({err.msg})") from None
+            missing = [k for k in REQUIRED if not isinstance(record.get(k), str) or not record.get(k)]
+            if missing:
+                raise ValueError(f"{f}:{number}: each line needs non-empty string fields {REQUIRED}; "
+                                 f"missing or empty: {missing}")
+            records.append(record)
+    ids = [r["id"] for r in records]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"prompt ids must be unique; repeated: {sorted({i for i in ids if ids.count(i) > 1})}")
+    if tasks is not None:
+        records = [r for r in records if r["task"] in set(tasks)]
+        if not records:
+            raise ValueError(f"no prompts for tasks {list(tasks)} in {path}")
+    return records
+
+
+def chat_ids(tokenizer, text: str, device="cpu") -> torch.Tensor:
+    """(1, T) token ids of ``text`` as a user turn with the tokenizer's chat template and the assistant prefix;
+    plain tokenization for tokenizers without a chat template."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+    else:
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    return ids.to(device)

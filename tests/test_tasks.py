@@ -1,0 +1,52 @@
+"""Prompt sets: the shipped ones, the format's validation, and no leakage into the training prompts."""
+import json
+import re
+
+import pytest
+
+from specdec_lite import corpus, tasks
+
+
+def test_shipped_prompt_sets():
+    prompts = tasks.load_prompts()
+    by_task = {t: [p for p in prompts if p["task"] == t] for t in tasks.TASKS}
+    assert all(len(v) >= 25 for v in by_task.values()), {t: len(v) for t, v in by_task.items()}
+    assert {p["task"] for p in prompts} == set(tasks.TASKS)
+    assert len(tasks.load_prompts(tasks=["code"])) == len(by_task["code"])
+
+
+def test_format_errors_are_clear(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: .*missing or empty: \\['task'\\]"):
+        tasks.load_prompts(bad)
+    bad.write_text("{not json\n")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        tasks.load_prompts(bad)
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text("\n".join(json.dumps({"id": "a", "task": "t", "prompt": "p"}) for _ in range(2)))
+    with pytest.raises(ValueError, match="unique"):
+        tasks.load_prompts(dup)
+    with pytest.raises(FileNotFoundError, match="no prompt file"):
+        tasks.load_prompts(tmp_path / "missing.jsonl")
+
+
+def words(text):
+    return re.findall(r"\w+", text.lower())
+
+
+def ngrams(text, n=8):
+    w = words(text)
+    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+
+
+def test_training_prompts_do_not_leak_into_evaluation_prompts():
+    """No evaluation prompt equals, contains or shares an 8-word run with any prompt used to make training text
+    (the template-made ones, and every prompt recorded in data/target_text)."""
+    train = {p["prompt"] for p in corpus.training_prompts()} | {e["prompt"] for e in corpus.load_index()}
+    train_grams = set().union(*(ngrams(t) for t in train))
+    for p in tasks.load_prompts():
+        assert p["prompt"] not in train
+        assert not any(p["prompt"] in t or t in p["prompt"] for t in train), p["id"]
+        shared = ngrams(p["prompt"]) & train_grams
+        assert not shared, (p["id"], sorted(shared)[:3])
