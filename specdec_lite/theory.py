@@ -48,3 +48,43 @@ def expected_tokens_limit(alpha: float) -> float:
     accepted drafts without the bonus token)."""
     a = float(_check_alpha(alpha))
     return float("inf") if a == 1 else 1.0 / (1.0 - a)
+
+
+# Article 000's table (section 4), as printed: speedup for (alpha, c) rows and gamma 3..6 columns.
+ARTICLE000_TABLE = {
+    (0.7, 0.10): (1.95, 1.98, 1.96, 1.91),
+    (0.8, 0.10): (2.27, 2.40, 2.46, 2.47),
+    (0.8, 0.05): (2.57, 2.80, 2.95, 3.04),
+    (0.5, 0.10): (1.44, 1.38, 1.24, 1.24),
+}
+ARTICLE000_GAMMAS = (3, 4, 5, 6)
+
+
+def article000_comparison():
+    """Rows (alpha, c, gamma, article's speedup, recomputed speedup)."""
+    return [(a, c, g, printed, speedup(a, g, c))
+            for (a, c), values in ARTICLE000_TABLE.items() for g, printed in zip(ARTICLE000_GAMMAS, values)]
+
+
+def break_even_alpha(c: float, v=1.0, max_gamma: int = 16, resolution: int = 2001) -> float:
+    """The smallest alpha at which some gamma in 1..max_gamma gives a speedup above 1 (nan if none does)."""
+    cost = v if callable(v) else (lambda g: v)
+    for a in np.linspace(0, 1, resolution):
+        if any(speedup(a, g, c, cost(g)) > 1 for g in range(1, max_gamma + 1)):
+            return float(a)
+    return float("nan")
+
+
+def simulate_speedup(alpha: float, gamma: int, c: float, v: float = 1.0, rows: int = 20_000, tokens: int = 64,
+                     seed: int = 0) -> float:
+    """The speedup the loop itself achieves on the constant-alpha toy pair under the cost model
+    (one draft step = c, one verification = v, one baseline step = 1): tokens / (rounds * (gamma c + v))."""
+    import torch
+
+    from .decode import speculative_generate
+    from .toy import constant_alpha_pair
+
+    target, draft = constant_alpha_pair(alpha)
+    gen = speculative_generate(target, draft, torch.zeros(rows, 1, dtype=torch.long), gamma=gamma,
+                               max_new_tokens=tokens, seed=seed)
+    return gen.stats.mean_accepted_length / (gamma * c + v)

@@ -85,3 +85,22 @@ def random_pair(vocab: int = 6, concentration: float = 0.5, seed: int = 0) -> tu
     P = rng.dirichlet(np.full(vocab, concentration), size=vocab)
     Q = rng.dirichlet(np.full(vocab, concentration), size=vocab)
     return MarkovLM(P), MarkovLM(Q)
+
+
+def truncated_top_k(lm: MarkovLM, k: int) -> MarkovLM:
+    """The model whose rows keep only their k most likely tokens, renormalised: what a verifier that truncates
+    the target to its top-k samples from (claim C17)."""
+    t = lm.transition.clone()
+    kth = t.topk(k, dim=1).values[:, -1:]
+    t = torch.where(t >= kth, t, torch.zeros_like(t))
+    return MarkovLM(t / t.sum(1, keepdim=True))
+
+
+def constant_alpha_pair(alpha: float) -> tuple[MarkovLM, MarkovLM]:
+    """Context-free target p = (alpha, 1 - alpha, 0) and draft q = (alpha, 0, 1 - alpha): every position's
+    acceptance probability (the overlap) is exactly alpha. The loop on this pair simulates any (alpha, gamma)."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    p = torch.tensor([alpha, 1 - alpha, 0.0], dtype=torch.float64).repeat(3, 1)
+    q = torch.tensor([alpha, 0.0, 1 - alpha], dtype=torch.float64).repeat(3, 1)
+    return MarkovLM(p), MarkovLM(q)

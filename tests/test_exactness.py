@@ -8,20 +8,15 @@ is deterministic). Power: for each broken verifier whose exact law we can enumer
 chi-square power of this very test at N = 200,000 and level 1e-3 is computed and must exceed 0.99; each one
 is then run and must be rejected at p < 1e-6.
 """
-import importlib
-
-import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 import specdec_lite as sd
 from specdec_lite.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
-from specdec_lite.toy import MarkovLM, article000_pair, article004_pair, random_pair
+from specdec_lite.mutants import MUTANTS, patched
+from specdec_lite.stats import chi_square_power, chi_square_pvalue
+from specdec_lite.toy import article000_pair, article004_pair, random_pair
 
-verify_module = importlib.import_module("specdec_lite.verify")
-decode_module = importlib.import_module("specdec_lite.decode")
-exact_module = importlib.import_module("specdec_lite.exact")
 
 N_SAMPLES = 200_000
 LEVEL = 1e-3
@@ -63,34 +58,12 @@ def first_tokens(target, draft, n_samples=N_SAMPLES, seed=0, sampling=sd.Samplin
     return torch.stack(gen.sequences).numpy()
 
 
-def cells(law: dict, min_expected: float, n: int):
-    """Keys with expected count >= min_expected, in a fixed order; the rest are merged into one cell."""
-    return sorted(k for k, v in law.items() if v * n >= min_expected)
+def chi_square(samples, law):
+    return chi_square_pvalue(samples, law)
 
 
-def chi_square(samples: np.ndarray, law: dict):
-    n = len(samples)
-    keep = cells(law, 5.0, n)
-    index = {k: i for i, k in enumerate(keep)}
-    counts = np.zeros(len(keep) + 1)
-    for row, c in zip(*np.unique(samples, axis=0, return_counts=True)):
-        counts[index.get(tuple(row.tolist()), len(keep))] += c
-    expected = np.array([law[k] for k in keep] + [1.0 - sum(law[k] for k in keep)]) * n
-    if expected[-1] < 1e-9:  # nothing merged
-        counts, expected = counts[:-1], expected[:-1]
-    return stats.chisquare(counts, expected).pvalue
-
-
-def power(null_law: dict, alt_law: dict, n: int = N_SAMPLES, level: float = LEVEL) -> float:
-    """Noncentral chi-square power of ``chi_square`` against the alternative ``alt_law``."""
-    keep = cells(null_law, 5.0, n)
-    p0 = np.array([null_law[k] for k in keep] + [1 - sum(null_law[k] for k in keep)])
-    p1 = np.array([alt_law.get(k, 0.0) for k in keep] + [1 - sum(alt_law.get(k, 0.0) for k in keep)])
-    if p0[-1] < 1e-12:
-        p0, p1 = p0[:-1], p1[:-1]
-    df = len(p0) - 1
-    lam = n * np.sum((p1 - p0) ** 2 / p0)
-    return float(stats.ncx2.sf(stats.chi2.isf(level, df), df, lam))
+def power(null_law, alt_law):
+    return chi_square_power(null_law, alt_law, N_SAMPLES, LEVEL)
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -112,66 +85,18 @@ def test_monte_carlo_with_sampling_settings_and_ngram():
 
 
 # ---------------------------------------------------------------- mutation check
-def wrong_bonus_position(drafts, q, p, generator=None):
-    """Bug: the bonus token is drawn from p at position gamma (the last draft's) instead of gamma+1."""
-    p = p.clone()
-    p[:, -1] = p[:, -2]
-    return verify_module.verify(drafts, q, p, generator)
-
-
-def bonus_after_last_rejection(drafts, q, p, generator=None):
-    """Bug: when the last draft is rejected, emit the corrected token and then a bonus from p[:, gamma] too."""
-    n, nxt = verify_module.verify(drafts, q, p, generator)
-    gamma = drafts.shape[1]
-    hit = n == gamma - 1
-    if hit.any():
-        bonus = torch.multinomial(p[:, gamma].float(), 1, generator=generator).squeeze(-1)
-        drafts[hit, gamma - 1] = nxt[hit]  # the corrected token takes the rejected draft's place ...
-        n = torch.where(hit, gamma, n)
-        nxt = torch.where(hit, bonus, nxt)  # ... and a bonus follows it
-    return n, nxt
-
-
-def residual_from_p(p_row, q_row):
-    """Bug: resample from p instead of norm((p - q)+)."""
-    return p_row / p_row.sum(-1, keepdim=True)
-
-
-def inverted_ratio(p_x, q_x):
-    """Bug: accept with min(1, q/p)."""
-    return torch.where(p_x > 0, (q_x / p_x.clamp_min(1e-38)).clamp(max=1.0), torch.zeros_like(p_x))
-
-
-def wrong_bonus_outcomes(drafts, q, p):
-    p = p.clone()
-    p[:, -1] = p[:, -2]
-    return verify_module.outcome_distribution(drafts, q, p)
-
-
-MUTANTS = {  # name: (patches for the loop, patches for the enumeration or None)
-    "bonus from wrong position": ([(decode_module, "verify", wrong_bonus_position)],
-                                  [(exact_module, "outcome_distribution", wrong_bonus_outcomes)]),
-    "residual from p": ([(verify_module, "residual_distribution", residual_from_p)],
-                        [(verify_module, "residual_distribution", residual_from_p)]),
-    "inverted ratio q/p": ([(verify_module, "acceptance_probability", inverted_ratio)],
-                           [(verify_module, "acceptance_probability", inverted_ratio)]),
-    "bonus after last-position rejection": ([(decode_module, "verify", bonus_after_last_rejection)], None),
-}
-
-
 @pytest.mark.parametrize("mutant", MUTANTS)
-def test_statistical_tests_reject_broken_verifiers(mutant, monkeypatch):
+def test_statistical_tests_reject_broken_verifiers(mutant):
     target, draft = random_pair(6, 0.5, 0)
     law = exact_target_distribution(target, [0], N_TOKENS)
     loop_patches, exact_patches = MUTANTS[mutant]
     if exact_patches is not None:
-        with monkeypatch.context() as m:
-            for module, name, fn in exact_patches:
-                m.setattr(module, name, fn)
+        with patched(exact_patches):
             broken_law = exact_speculative_distribution(target, draft, [0], GAMMA, N_TOKENS)
         # the exact check sees the bug, and the Monte Carlo test has the power to see it
         assert max_abs_difference(broken_law, law) > 1e-3
         assert power(law, broken_law) > 0.99
-    for module, name, fn in loop_patches:
-        monkeypatch.setattr(module, name, fn)
-    assert chi_square(first_tokens(target, draft), law) < 1e-6
+    with patched(loop_patches):
+        assert chi_square(first_tokens(target, draft), law) < 1e-6
+    # and the patches are gone again: the real verifier passes
+    assert chi_square(first_tokens(target, draft, seed=5), law) > LEVEL

@@ -5,7 +5,7 @@ import torch
 
 import specdec_lite as sd
 from specdec_lite import theory
-from specdec_lite.toy import MarkovLM
+from specdec_lite.toy import constant_alpha_pair
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.5, 0.8, 0.95])
@@ -36,13 +36,6 @@ def test_speedup_and_best_gamma():
         theory.speedup(0.5, 3, -0.1)
 
 
-def constant_alpha_pair(alpha: float):
-    """Context-free target p = (alpha, 1-alpha, 0) and draft q = (alpha, 0, 1-alpha): overlap exactly alpha."""
-    p = torch.tensor([alpha, 1 - alpha, 0.0], dtype=torch.float64).repeat(3, 1)
-    q = torch.tensor([alpha, 0.0, 1 - alpha], dtype=torch.float64).repeat(3, 1)
-    return MarkovLM(p), MarkovLM(q)
-
-
 @pytest.mark.parametrize("alpha", [0.5, 0.8])
 def test_loop_accepted_length_matches_expected_tokens(alpha):
     """The loop's mean accepted length equals E[N] when every position's acceptance is alpha
@@ -54,3 +47,22 @@ def test_loop_accepted_length_matches_expected_tokens(alpha):
     assert gen.stats.mean_accepted_length == pytest.approx(theory.expected_tokens(alpha, gamma), abs=0.03)
     assert gen.stats.acceptance_rate == pytest.approx(
         (theory.expected_tokens(alpha, gamma) - 1) / gamma, abs=0.01)
+
+
+def test_article000_table_recomputed():
+    rows = theory.article000_comparison()
+    assert len(rows) == 16
+    differing = [(a, c, g) for a, c, g, printed, ours in rows if abs(printed - ours) > 0.006]
+    assert differing == [(0.5, 0.1, 5)]  # the article prints 1.24; (1 - 0.5^6) / 0.5 / 1.5 = 1.3125
+
+
+def test_break_even_alpha():
+    # gamma = 1 breaks even where (1 + alpha) / (1 + c) = 1, i.e. alpha = c
+    assert theory.break_even_alpha(0.2) == pytest.approx(0.2, abs=1e-3)
+    assert theory.break_even_alpha(0.05) == pytest.approx(0.05, abs=1e-3)
+    assert 0.5 < theory.break_even_alpha(0.1, v=1.7) < 0.6  # a CPU-like verification cost moves it up
+
+
+def test_simulated_speedup_matches_theory():
+    sim = theory.simulate_speedup(0.8, 4, 0.1, rows=20_000, tokens=40)
+    assert sim == pytest.approx(theory.speedup(0.8, 4, 0.1), abs=0.03)
