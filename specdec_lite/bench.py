@@ -118,6 +118,43 @@ def run(device="auto", max_new_tokens=64, repeats=3, gamma=4, exit_layer=10) -> 
     return pd.concat(frames, ignore_index=True)
 
 
+def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), repeats: int = 9,
+                    vocab_size: int | None = None) -> dict:
+    """Median wall time of one forward over k new tokens on a warm KV cache of ``context_len`` tokens, for each
+    k: {k: seconds}. The cache is rolled back after each timed forward, so every repeat sees the same state."""
+    from .lm import HFCausalLM
+
+    lm = HFCausalLM(model, vocab_size=vocab_size)
+    device = lm.device
+    g = torch.Generator().manual_seed(0)
+    context = torch.randint(0, lm.vocab_size, (1, context_len), generator=g).to(device)
+    lm.reset(1)
+    lm.feed(context, num_logits=1)
+    out = {}
+    for k in new_tokens:
+        tokens = torch.randint(0, lm.vocab_size, (1, k), generator=g).to(device)
+        times = []
+        for r in range(repeats + 1):  # the first is a warm-up
+            _, seconds = timed(lambda: lm.feed(tokens), device)
+            lm.crop(torch.tensor([context_len]))
+            if r:
+                times.append(seconds)
+        out[k] = statistics.median(times)
+    return out
+
+
+def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
+    """Measured copy bandwidth (read + write) of this machine in GB/s: the median of copying a large tensor."""
+    src = torch.empty(megabytes * 2**20 // 4, dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto")

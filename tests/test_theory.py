@@ -66,3 +66,13 @@ def test_break_even_alpha():
 def test_simulated_speedup_matches_theory():
     sim = theory.simulate_speedup(0.8, 4, 0.1, rows=20_000, tokens=40)
     assert sim == pytest.approx(theory.speedup(0.8, 4, 0.1), abs=0.03)
+
+
+def test_forward_seconds_and_bandwidth_are_measured():
+    from specdec_lite import bench
+
+    from conftest import tiny_llama
+
+    seconds = bench.forward_seconds(tiny_llama(), context_len=8, new_tokens=(1, 3), repeats=3)
+    assert set(seconds) == {1, 3} and all(s > 0 for s in seconds.values())
+    assert bench.memory_bandwidth_gbs(megabytes=16, repeats=2) > 0.1
