@@ -119,24 +119,26 @@ def run(device="auto", max_new_tokens=64, repeats=3, gamma=4, exit_layer=10) -> 
 
 
 def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), repeats: int = 9,
-                    vocab_size: int | None = None) -> dict:
-    """Median wall time of one forward over k new tokens on a warm KV cache of ``context_len`` tokens, for each
-    k: {k: seconds}. The cache is rolled back after each timed forward, so every repeat sees the same state."""
+                    vocab_size: int | None = None, batch_size: int = 1) -> dict:
+    """Median wall time of one forward over k new tokens (per row, ``batch_size`` rows) on a warm KV cache of
+    ``context_len`` tokens, for each k: {k: seconds}. The cache is rolled back after each timed forward, so
+    every repeat sees the same state."""
     from .lm import HFCausalLM
 
     lm = HFCausalLM(model, vocab_size=vocab_size)
     device = lm.device
     g = torch.Generator().manual_seed(0)
-    context = torch.randint(0, lm.vocab_size, (1, context_len), generator=g).to(device)
-    lm.reset(1)
+    context = torch.randint(0, lm.vocab_size, (batch_size, context_len), generator=g).to(device)
+    lm.reset(batch_size)
     lm.feed(context, num_logits=1)
+    keep = torch.full((batch_size,), context_len)
     out = {}
     for k in new_tokens:
-        tokens = torch.randint(0, lm.vocab_size, (1, k), generator=g).to(device)
+        tokens = torch.randint(0, lm.vocab_size, (batch_size, k), generator=g).to(device)
         times = []
         for r in range(repeats + 1):  # the first is a warm-up
             _, seconds = timed(lambda: lm.feed(tokens), device)
-            lm.crop(torch.tensor([context_len]))
+            lm.crop(keep)
             if r:
                 times.append(seconds)
         out[k] = statistics.median(times)

@@ -37,3 +37,52 @@ def write_claims(rows: list[ClaimRow], name: str, results_dir: Path = RESULTS_DI
     results_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(results_dir / f"claims_{name}.csv", index=False)
     return frame
+
+
+ALL_CLAIMS = [f"C{i}" for i in range(1, 23)]
+# C21 lists other papers' published numbers: nothing here can measure them (CLAIMS.md: cite only).
+C21 = ClaimRow("C21", "000, 002", "published: Leviathan 2-2.5x (T5-XXL), Medusa 2.3-3.6x, EAGLE 3-4x, DeepSeek MTP "
+               "1.8-2.1x, vLLM 1.7-2.2x", "cited only", "not testable here",
+               "needs those models and GPUs; our own measured speedups are in 02 and 03")
+README_START, README_END = "<!-- claims:start -->", "<!-- claims:end -->"
+
+
+def gather(results_dir: Path = RESULTS_DIR) -> pd.DataFrame:
+    """One row per claim C1..C22 from every notebook's claims_*.csv. A claim checked in several places is
+    'reproduces' only if every check reproduces; a claim no notebook checked is 'not testable here'."""
+    frames = [pd.read_csv(p, dtype=str, keep_default_na=False) for p in sorted(Path(results_dir).glob("claims_*.csv"))]
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(ClaimRow.__annotations__))
+    out = []
+    for claim in ALL_CLAIMS:
+        found = rows[rows.claim == claim]
+        if claim == "C21" and found.empty:
+            out.append(asdict(C21))
+        elif found.empty:
+            out.append(asdict(ClaimRow(claim, "", "", "", "not testable here", "no notebook has checked it yet")))
+        else:
+            verdicts = set(found.verdict)
+            overall = "differs" if "differs" in verdicts else (
+                "reproduces" if "reproduces" in verdicts else "not testable here")
+            out.append({"claim": claim, "source": "; ".join(dict.fromkeys(found.source)),
+                        "expected": found.expected.iloc[0], "measured": " | ".join(found.measured),
+                        "verdict": overall, "reason": " | ".join(found.reason)})
+    return pd.DataFrame(out)
+
+
+def readme_section(table: pd.DataFrame) -> str:
+    lines = [README_START, "| claim | article | expected | measured here | verdict | why |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in table.itertuples(index=False):
+        cells = [str(v).replace("|", "/").replace("\n", " ") for v in
+                 (r.claim, r.source, r.expected, r.measured, f"**{r.verdict}**", r.reason)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + [README_END])
+
+
+def update_readme(readme: Path, table: pd.DataFrame) -> None:
+    """Replace the README's claims section (between the markers) with the table."""
+    text = Path(readme).read_text()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{readme} has no claims section: add the lines {README_START} and {README_END}")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    Path(readme).write_text(head + readme_section(table) + tail)

@@ -32,6 +32,17 @@ def acceptance_by_position(accepted_lengths, gamma: int) -> np.ndarray:
         return accepted / reached
 
 
+def acceptance_by_output_position(accepted_lengths, gamma: int, bucket: int = 32) -> dict:
+    """Pooled acceptance (as ``alpha_estimate``) of the rounds starting in each bucket of output positions:
+    {bucket start: alpha}. Shows whether later parts of an output are harder to predict (claim C18)."""
+    starts = np.concatenate([[0], np.cumsum(accepted_lengths)[:-1]])
+    out = {}
+    for b in np.unique(starts // bucket):
+        chosen = np.asarray(accepted_lengths)[starts // bucket == b]
+        out[int(b * bucket)] = alpha_estimate(chosen, gamma)
+    return out
+
+
 def alpha_estimate(accepted_lengths, gamma: int) -> float:
     """Pooled per-token acceptance: accepted drafts / drafts the verifier looked at (a round with n < gamma
     accepted looked at n + 1 drafts). Equals alpha when every position accepts with probability alpha."""
@@ -72,6 +83,7 @@ def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_to
                             "speedup": s.tokens_per_second / base.tokens_per_second,
                             "same_as_baseline": bool(torch.equal(gen.tokens, results["autoregressive"].tokens))})
                 row.update({f"accept_pos{j + 1}": v for j, v in enumerate(pos)})
+                row["accepted_lengths"] = " ".join(map(str, s.accepted_lengths))  # per round, for later analysis
             rows.append(row)
     return pd.DataFrame(rows)
 

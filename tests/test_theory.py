@@ -76,3 +76,14 @@ def test_forward_seconds_and_bandwidth_are_measured():
     seconds = bench.forward_seconds(tiny_llama(), context_len=8, new_tokens=(1, 3), repeats=3)
     assert set(seconds) == {1, 3} and all(s > 0 for s in seconds.values())
     assert bench.memory_bandwidth_gbs(megabytes=16, repeats=2) > 0.1
+
+
+def test_acceptance_summaries():
+    from specdec_lite import evaluate
+
+    lengths = [5, 1, 3, 5, 2]  # gamma 4: accepted drafts 4, 0, 2, 4, 1
+    assert evaluate.alpha_estimate(lengths, 4) == pytest.approx(11 / (4 + 1 + 3 + 4 + 2))
+    pos = evaluate.acceptance_by_position(lengths, 4)
+    assert pos[0] == pytest.approx(4 / 5) and pos[3] == pytest.approx(2 / 2)
+    by_output = evaluate.acceptance_by_output_position(lengths, 4, bucket=6)
+    assert list(by_output) == [0, 6, 12]  # rounds start at 0, 5, 6, 9, 14
