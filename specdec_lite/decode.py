@@ -30,6 +30,7 @@ class GenerationStats:
 
     rounds: int = 0  # target forwards (the first one also processes the prompt)
     accepted_lengths: list = field(default_factory=list)  # per round and active row: accepted drafts + 1
+    proposed_lengths: list = field(default_factory=list)  # per round and active row: drafts proposed (<= gamma)
     drafted: int = 0  # draft tokens proposed to the verifier
     accepted: int = 0  # draft tokens the verifier accepted
     new_tokens: int = 0  # tokens returned (after max_new_tokens and EOS truncation), all rows
@@ -237,6 +238,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
         stats.drafted += k * int(active.sum())
         stats.accepted += int(n[active].sum())
         stats.accepted_lengths.extend((n[active] + 1).tolist())
+        stats.proposed_lengths.extend([k] * int(active.sum()))
         stats.draft_seconds += t1 - t0
         stats.target_seconds += t2 - t1
         done = _done(seq, T, lengths, max_new_tokens, eos)

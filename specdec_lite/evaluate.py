@@ -22,32 +22,39 @@ from .sampling import SamplingParams
 from .tasks import chat_ids
 
 
-def acceptance_by_position(accepted_lengths, gamma: int) -> np.ndarray:
+def acceptance_by_position(accepted_lengths, gamma: int, proposed=None) -> np.ndarray:
     """P(draft i accepted | drafts 1..i-1 accepted) for i = 1..gamma, from per-round accepted lengths (bonus
-    included). nan where a position was never reached."""
+    included) and, for drafters that may propose fewer than gamma, the per-round proposed counts.
+    nan where a position was never reached."""
     n = np.asarray(accepted_lengths) - 1  # accepted drafts per round
-    reached = np.array([(n >= i).sum() for i in range(gamma)], dtype=float)
+    k = np.broadcast_to(np.asarray(gamma if proposed is None else proposed), n.shape)
+    reached = np.array([((n >= i) & (k > i)).sum() for i in range(gamma)], dtype=float)
     accepted = np.array([(n >= i + 1).sum() for i in range(gamma)], dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         return accepted / reached
 
 
-def acceptance_by_output_position(accepted_lengths, gamma: int, bucket: int = 32) -> dict:
+def acceptance_by_output_position(accepted_lengths, gamma, bucket: int = 32) -> dict:
     """Pooled acceptance (as ``alpha_estimate``) of the rounds starting in each bucket of output positions:
-    {bucket start: alpha}. Shows whether later parts of an output are harder to predict (claim C18)."""
+    {bucket start: alpha}. Shows whether later parts of an output are harder to predict (claim C18).
+    ``gamma``: drafts proposed per round, a number or a per-round list (drafters may propose fewer)."""
+    accepted_lengths = np.asarray(accepted_lengths)
+    proposed = np.broadcast_to(np.asarray(gamma), accepted_lengths.shape)
     starts = np.concatenate([[0], np.cumsum(accepted_lengths)[:-1]])
     out = {}
     for b in np.unique(starts // bucket):
-        chosen = np.asarray(accepted_lengths)[starts // bucket == b]
-        out[int(b * bucket)] = alpha_estimate(chosen, gamma)
+        chosen = starts // bucket == b
+        out[int(b * bucket)] = alpha_estimate(accepted_lengths[chosen], proposed[chosen])
     return out
 
 
-def alpha_estimate(accepted_lengths, gamma: int) -> float:
-    """Pooled per-token acceptance: accepted drafts / drafts the verifier looked at (a round with n < gamma
-    accepted looked at n + 1 drafts). Equals alpha when every position accepts with probability alpha."""
+def alpha_estimate(accepted_lengths, proposed) -> float:
+    """Pooled per-token acceptance: accepted drafts / drafts the verifier looked at (a round that proposed k
+    and accepted n < k looked at n + 1 of them). Equals alpha when every position accepts with probability
+    alpha. ``proposed``: drafts per round, a number (gamma) or a per-round list."""
     n = np.asarray(accepted_lengths) - 1
-    looked = np.minimum(n + 1, gamma).sum()
+    k = np.broadcast_to(np.asarray(proposed), n.shape)
+    looked = np.minimum(n + 1, k).sum()
     return float(n.sum() / looked) if looked else float("nan")
 
 
@@ -76,14 +83,16 @@ def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_to
                    "gamma": gamma, "new_tokens": s.new_tokens, "seconds": s.total_seconds,
                    "tokens_per_second": s.tokens_per_second, "rounds": s.rounds}
             if name != "autoregressive":
-                pos = acceptance_by_position(s.accepted_lengths, gamma)
-                row.update({"acceptance_rate": s.acceptance_rate, "alpha": alpha_estimate(s.accepted_lengths, gamma),
+                pos = acceptance_by_position(s.accepted_lengths, gamma, s.proposed_lengths)
+                row.update({"acceptance_rate": s.acceptance_rate,
+                            "alpha": alpha_estimate(s.accepted_lengths, s.proposed_lengths),
                             "mean_accepted_length": s.mean_accepted_length,
                             "c": (s.draft_seconds / s.drafted) / step if s.drafted else float("nan"),
                             "speedup": s.tokens_per_second / base.tokens_per_second,
                             "same_as_baseline": bool(torch.equal(gen.tokens, results["autoregressive"].tokens))})
                 row.update({f"accept_pos{j + 1}": v for j, v in enumerate(pos)})
                 row["accepted_lengths"] = " ".join(map(str, s.accepted_lengths))  # per round, for later analysis
+                row["proposed_lengths"] = " ".join(map(str, s.proposed_lengths))
             rows.append(row)
     return pd.DataFrame(rows)
 

@@ -148,7 +148,7 @@ def test_stats_are_consistent(tiny_target, tiny_draft):
     spec = sd.speculative_generate(tiny_target, tiny_draft, prompt(), gamma=4, max_new_tokens=50,
                                    sampling=sd.SamplingParams(temperature=1.0))
     s = spec.stats
-    assert s.rounds == len(s.accepted_lengths) and s.drafted == 4 * s.rounds
+    assert s.rounds == len(s.accepted_lengths) == len(s.proposed_lengths) and s.drafted == 4 * s.rounds == sum(s.proposed_lengths)
     assert s.accepted == sum(s.accepted_lengths) - s.rounds
     assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
     assert s.mean_accepted_length == pytest.approx(sum(s.accepted_lengths) / s.rounds)

@@ -87,3 +87,7 @@ def test_acceptance_summaries():
     assert pos[0] == pytest.approx(4 / 5) and pos[3] == pytest.approx(2 / 2)
     by_output = evaluate.acceptance_by_output_position(lengths, 4, bucket=6)
     assert list(by_output) == [0, 6, 12]  # rounds start at 0, 5, 6, 9, 14
+    # a drafter that proposed nothing in one round and 2 in another: those rounds count only what was proposed
+    assert evaluate.alpha_estimate([1, 3, 1], [0, 2, 4]) == pytest.approx(2 / (0 + 2 + 1))
+    pos = evaluate.acceptance_by_position([1, 3, 1], 4, proposed=[0, 2, 4])
+    assert pos[0] == pytest.approx(1 / 2) and pos[1] == pytest.approx(1.0) and np.isnan(pos[2])
