@@ -137,7 +137,6 @@ def generate_corpus(model, tokenizer, out_dir: Path = DEFAULT_DIR, budget_tokens
         raise ValueError("token ids are stored as uint16; this tokenizer has more than 65,535 tokens")
     done_ids = {e["id"] for e in load_index(out_dir)}
     todo = [p for p in training_prompts(seed) if p["id"] not in done_ids]
-    tokenizer.padding_side = "left"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     written, batch_no = 0, len(done_ids) // batch_size
     bar = tqdm(total=budget_tokens, desc="target-made tokens", disable=not progress)
@@ -150,7 +149,8 @@ def generate_corpus(model, tokenizer, out_dir: Path = DEFAULT_DIR, budget_tokens
         batch_no += 1
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
                                                add_generation_prompt=True, tokenize=False) for p in batch]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=False).to(model.device)
         torch.manual_seed(seed * 1_000_003 + batch_no)
         sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else dict(do_sample=False)
         out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)

@@ -52,11 +52,11 @@ def make_draft(target, cfg: DraftConfig = DraftConfig()):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tcfg = target.config
+    # the draft is a model of its own: its RoPE base and other unset fields keep LlamaConfig's defaults
     config = LlamaConfig(vocab_size=tcfg.vocab_size, hidden_size=cfg.hidden_size,
                          intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
                          num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
                          max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
-                         rope_theta=getattr(tcfg, "rope_theta", 10000.0) if hasattr(tcfg, "rope_theta") else 10000.0,
                          bos_token_id=tcfg.bos_token_id, eos_token_id=tcfg.eos_token_id,
                          pad_token_id=tcfg.pad_token_id)
     draft = LlamaForCausalLM(config)
@@ -93,12 +93,7 @@ def teacher_topk(target, sequences, k: int = 32, batch_size: int = 16, progress:
     device = target.device
     for start in tqdm(range(0, len(order), batch_size), desc="teacher top-k", disable=not progress):
         idx = order[start: start + batch_size]
-        L = max(len(sequences[i][0]) for i in idx)
-        ids = torch.zeros(len(idx), L, dtype=torch.long)
-        mask = torch.zeros(len(idx), L, dtype=torch.long)
-        for r, i in enumerate(idx):
-            n = len(sequences[i][0])
-            ids[r, :n], mask[r, :n] = sequences[i][0], 1
+        ids, mask = _padded([sequences[i][0] for i in idx])
         logits = target(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
         top = logits.softmax(-1).topk(k, dim=-1)
         for r, i in enumerate(idx):
@@ -107,18 +102,25 @@ def teacher_topk(target, sequences, k: int = 32, batch_size: int = 16, progress:
     return out
 
 
+def _padded(token_lists, pad_id: int = 0):
+    """Right-padded (B, L) ids and their attention mask for a list of 1-D token tensors."""
+    L = max(len(t) for t in token_lists)
+    ids = torch.full((len(token_lists), L), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(token_lists), L, dtype=torch.long)
+    for r, tokens in enumerate(token_lists):
+        ids[r, : len(tokens)], mask[r, : len(tokens)] = tokens, 1
+    return ids, mask
+
+
 def _batch(sequences, soft, rows, pad_id: int):
-    L = max(len(sequences[i][0]) for i in rows)
-    k = soft[rows[0]][0].shape[1]
-    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), L, dtype=torch.long)
+    ids, mask = _padded([sequences[i][0] for i in rows], pad_id)
+    L, k = ids.shape[1], soft[rows[0]][0].shape[1]
     loss_mask = torch.zeros(len(rows), L, dtype=torch.bool)  # positions whose next token is a reply token
     soft_idx = torch.zeros(len(rows), L, k, dtype=torch.long)
     soft_p = torch.zeros(len(rows), L, k)
     for r, i in enumerate(rows):
         tokens, reply_start = sequences[i]
         n = len(tokens)
-        ids[r, :n], mask[r, :n] = tokens, 1
         loss_mask[r, reply_start - 1: n - 1] = True
         soft_idx[r, :n], soft_p[r, :n] = soft[i][0].long(), soft[i][1].float()
     return ids, mask, loss_mask, soft_idx, soft_p

@@ -34,12 +34,12 @@ def acceptance_by_position(accepted_lengths, gamma: int, proposed=None) -> np.nd
         return accepted / reached
 
 
-def acceptance_by_output_position(accepted_lengths, gamma, bucket: int = 32) -> dict:
+def acceptance_by_output_position(accepted_lengths, proposed, bucket: int = 32) -> dict:
     """Pooled acceptance (as ``alpha_estimate``) of the rounds starting in each bucket of output positions:
     {bucket start: alpha}. Shows whether later parts of an output are harder to predict (claim C18).
-    ``gamma``: drafts proposed per round, a number or a per-round list (drafters may propose fewer)."""
+    ``proposed``: drafts per round, a number (gamma) or a per-round list (drafters may propose fewer)."""
     accepted_lengths = np.asarray(accepted_lengths)
-    proposed = np.broadcast_to(np.asarray(gamma), accepted_lengths.shape)
+    proposed = np.broadcast_to(np.asarray(proposed), accepted_lengths.shape)
     starts = np.concatenate([[0], np.cumsum(accepted_lengths)[:-1]])
     out = {}
     for b in np.unique(starts // bucket):

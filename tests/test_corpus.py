@@ -16,6 +16,7 @@ def test_training_prompts_are_many_unique_and_stable():
 
 def test_generate_corpus_appends_and_resumes(tmp_path, embedded):
     _, tokenizer = embedded
+    side = tokenizer.padding_side
     model = tiny_llama(vocab=49152, layers=1, hidden=32, seed=5, max_positions=8192)
     n1 = corpus.generate_corpus(model, tokenizer, tmp_path, budget_tokens=20, batch_size=2, max_new_tokens=8,
                                 progress=False)
@@ -23,6 +24,7 @@ def test_generate_corpus_appends_and_resumes(tmp_path, embedded):
     n2 = corpus.generate_corpus(model, tokenizer, tmp_path, budget_tokens=20, batch_size=2, max_new_tokens=8,
                                 progress=False)
     index = corpus.load_index(tmp_path)
+    assert tokenizer.padding_side == side  # the caller's tokenizer is left as it was
     assert n1 >= 20 and n2 >= 20 and len(index) == 2 * len(first)
     assert len({e["id"] for e in index}) == len(index)  # the second run skipped what the first had done
     records = corpus.load_records(tmp_path)

@@ -6,6 +6,7 @@ import torch
 
 import specdec_lite as sd
 from specdec_lite.models import embedded_target_path
+from specdec_lite.tasks import chat_ids
 
 from conftest import DEVICE, tiny_llama
 
@@ -19,9 +20,7 @@ GREEDY = sd.SamplingParams(temperature=0)
 
 
 def chat(tokenizer, text):
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)["input_ids"]
-    return ids.to(DEVICE)
+    return chat_ids(tokenizer, text, DEVICE)
 
 
 def test_embedded_target_loads_from_the_cache_quickly(embedded):
