@@ -42,9 +42,10 @@ ifneq ($(NOTEBOOKS),)
 	SPECDEC_SMOKE=1 $(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS) -q -p no:cacheprovider
 endif
 
-# retrain the draft (hours on a 2-core CPU); the executed notebook is kept with its outputs
+# retrain the drafts (hours on a 2-core CPU); the executed notebooks are kept with their outputs
 drafts: setup
 	$(BIN)/papermill --cwd notebooks notebooks/00_train_draft.ipynb notebooks/00_train_draft.ipynb -k python3
+	$(BIN)/papermill --cwd notebooks notebooks/00_train_heads.ipynb notebooks/00_train_heads.ipynb -k python3
 
 demo: setup
 	$(BIN)/python -m specdec_lite.demo

@@ -14,7 +14,8 @@ from . import theory
 from .decode import Generation, GenerationStats, autoregressive_generate, speculative_generate
 from .drafts import Drafter, LayerSkipDraft, ModelDraft, NGramDraft
 from .lm import HFCausalLM, register_tokenizer
-from .models import EMBEDDED_DRAFT, EMBEDDED_TARGET, check_tokenizers, load_model, load_pair
+from .heads import EagleDraft, MedusaDraft, load_head
+from .models import EMBEDDED_DRAFT, EMBEDDED_TARGET, check_tokenizers, load_draft, load_model, load_pair
 from .sampling import SamplingParams
 from .toy import MarkovLM
 from .verify import verify, verify_greedy
@@ -23,5 +24,5 @@ __all__ = [
     "SamplingParams", "verify", "verify_greedy", "load_model", "speculative_generate", "autoregressive_generate",
     "Generation", "GenerationStats", "theory", "Drafter", "ModelDraft", "NGramDraft", "LayerSkipDraft",
     "HFCausalLM", "MarkovLM", "register_tokenizer", "check_tokenizers", "EMBEDDED_TARGET", "EMBEDDED_DRAFT",
-    "load_pair",
+    "load_pair", "load_draft", "load_head", "EagleDraft", "MedusaDraft",
 ]

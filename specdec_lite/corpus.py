@@ -1,5 +1,8 @@
 """Target-made training text: the raw material for training drafts (standalone, EAGLE-style, Medusa).
 
+Prompt families: code, explain, advice, translate, chat (template-made) and summarize (the target's own stored
+replies to explain/advice prompts, given back to it as passages to summarize).
+
 Text written by the target itself is what a draft must learn to predict, and on a 2-core CPU it is the scarce
 resource (about 100-400k tokens an hour), so it is kept compactly and every run appends to it:
 
@@ -76,6 +79,28 @@ _VERBS = ["is reading a book", "went to the market", "will visit Paris next summ
           "is waiting for the bus", "bought a new bicycle", "wrote a letter", "is sleeping in the garden"]
 _WHEN = ["", " yesterday", " every morning", " on Sunday", " after work", " this evening"]
 _TARGET_LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese"]
+# conversational requests (added in the second session: the first corpus had few of them)
+_SITUATIONS = [
+    "I started a new job last week", "my roommate never cleans the kitchen", "I can't fall asleep before 2 am",
+    "I want to eat healthier but I love snacks", "my team at work ignores my ideas", "I have an exam on Friday",
+    "I feel lonely on weekends", "my dog barks at every stranger", "I spend too much time on my phone",
+    "my parents are visiting for a week", "I keep procrastinating on my thesis", "I want to start running",
+    "my laptop is getting very slow", "I forgot my friend's birthday", "I have to give a toast at a wedding",
+    "I want to learn to draw", "my neighbour plays loud music at night", "I'm planning a trip on a small budget",
+    "I got a bad grade on my essay", "I want to ask for a raise", "my kids don't want to read books",
+    "I'm bored with my usual dinners", "I have too many emails to answer", "my bike keeps getting flat tyres",
+    "I want to volunteer in my community", "I'm nervous about flying", "I want to decorate a tiny apartment",
+    "my sourdough bread does not rise", "I'm choosing between two job offers", "I want to quit coffee",
+]
+_CHAT_FRAMES = ["{s}. What should I do?", "{s}. Any tips?", "Hey, {s}. Can you help me think this through?",
+                "{s}, and I don't know where to begin.", "Quick question: {s}. What would you suggest?",
+                "{s}. What are my options?", "So {s}. How do other people handle this?",
+                "{s}. Could you give me a simple plan?"]
+_SUMMARY_INSTRUCTIONS = ["Give a one-sentence summary of this text:", "Summarize this in two sentences:",
+                         "What is the main point of the following passage?",
+                         "Write a short summary (at most 30 words) of the text below.",
+                         "Condense this paragraph into a single short sentence:",
+                         "Briefly summarize the passage that follows."]
 
 
 def training_prompts(seed: int = 0) -> list[dict]:
@@ -91,9 +116,29 @@ def training_prompts(seed: int = 0) -> list[dict]:
     for i, (subj, verb, lang) in enumerate(itertools.product(_SUBJECTS, _VERBS, _TARGET_LANGUAGES)):
         when = _WHEN[i % len(_WHEN)]
         prompts.append(("translate", f"Translate to {lang}: {subj} {verb}{when}."))
+    for situation, frame in itertools.product(_SITUATIONS, _CHAT_FRAMES):  # appended: earlier ids stay stable
+        text = frame.format(s=situation)
+        prompts.append(("chat", text[0].upper() + text[1:]))
     records = [{"id": f"train-{fam}-{j:05d}", "family": fam, "prompt": text} for j, (fam, text) in enumerate(prompts)]
     random.Random(seed).shuffle(records)
     return records
+
+
+def summary_prompts(tokenizer, out_dir: Path = DEFAULT_DIR, seed: int = 0) -> list[dict]:
+    """Summarization requests whose passages are the target's own stored replies to 'explain' and 'advice'
+    instructions (so no outside text is needed, and none of it comes from the evaluation prompts)."""
+    rng = random.Random(seed)
+    out = []
+    for entry, arr in load_records(out_dir):
+        if entry["family"] not in ("explain", "advice"):
+            continue
+        passage = tokenizer.decode(arr[entry["prompt_len"]:], skip_special_tokens=True).strip()
+        if len(passage.split()) < 40:
+            continue
+        instruction = rng.choice(_SUMMARY_INSTRUCTIONS)
+        out.append({"id": f"train-summarize-{entry['id']}", "family": "summarize",
+                    "prompt": f"{instruction}\n\n{passage}"})
+    return out
 
 
 def load_index(out_dir: Path = DEFAULT_DIR) -> list[dict]:
@@ -104,7 +149,9 @@ def load_index(out_dir: Path = DEFAULT_DIR) -> list[dict]:
 
 
 def load_records(out_dir: Path = DEFAULT_DIR) -> list[tuple[dict, np.ndarray]]:
-    """[(index entry, token ids of prompt + reply)] for every stored record."""
+    """[(index entry, token ids of prompt + reply)] for every stored record (none in a new folder)."""
+    if not (Path(out_dir) / "tokens.bin").exists():
+        return []
     tokens = np.fromfile(Path(out_dir) / "tokens.bin", dtype=np.uint16)
     return [(e, tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))
             for e in load_index(out_dir)]
@@ -125,10 +172,12 @@ def _append(out_dir: Path, entries: list[dict], arrays: list[np.ndarray]) -> Non
 def generate_corpus(model, tokenizer, out_dir: Path = DEFAULT_DIR, budget_tokens: int = 100_000,
                     batch_size: int = 16, max_new_tokens: int = 192, top_p: float = 0.95, seed: int = 0,
                     target_name: str = "smollm2-135m-instruct", progress: bool = True,
-                    max_minutes: float | None = None) -> int:
+                    max_minutes: float | None = None, families=None) -> int:
     """Append target-written replies to ``out_dir`` until ``budget_tokens`` new reply tokens are written (or
     ``max_minutes`` have passed; the batch under way is finished first). Returns the number written.
-    Each batch shares one temperature (cycled over ``TEMPERATURES``)."""
+    Each batch shares one temperature (cycled over ``TEMPERATURES``). ``families`` (e.g. ``["chat",
+    "summarize"]``) restricts the prompts to those families; the 'summarize' prompts are made from stored replies
+    (``summary_prompts``)."""
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
@@ -136,7 +185,10 @@ def generate_corpus(model, tokenizer, out_dir: Path = DEFAULT_DIR, budget_tokens
     if len(tokenizer) > 65535:
         raise ValueError("token ids are stored as uint16; this tokenizer has more than 65,535 tokens")
     done_ids = {e["id"] for e in load_index(out_dir)}
-    todo = [p for p in training_prompts(seed) if p["id"] not in done_ids]
+    todo = [p for p in training_prompts(seed) + summary_prompts(tokenizer, out_dir, seed)
+            if p["id"] not in done_ids and (families is None or p["family"] in families)]
+    if not todo:
+        raise ValueError(f"no prompts left to answer for families {families}; every one is in {out_dir}")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     written, batch_no = 0, len(done_ids) // batch_size
     bar = tqdm(total=budget_tokens, desc="target-made tokens", disable=not progress)
@@ -181,10 +233,12 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--minutes", type=float, default=None, help="stop after this long (finishing the batch)")
+    parser.add_argument("--families", nargs="+", default=None,
+                        help="only these prompt families (code explain advice translate chat summarize)")
     args = parser.parse_args(argv)
     model, tokenizer = load_model(args.target)
     n = generate_corpus(model, tokenizer, Path(args.out), args.budget, args.batch_size, args.max_new_tokens,
-                        seed=args.seed, target_name=args.target, max_minutes=args.minutes)
+                        seed=args.seed, target_name=args.target, max_minutes=args.minutes, families=args.families)
     print(f"wrote {n} reply tokens; {len(load_index(Path(args.out)))} records in {args.out}")
 
 

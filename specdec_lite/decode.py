@@ -127,6 +127,13 @@ def check_vocab(target_lm, drafter: Drafter) -> None:
             f"({target_lm.vocab_size}); use a draft trained with the target's tokenizer")
 
 
+def check_features(target_lm, drafter: Drafter) -> None:
+    """A feature-level draft needs a target that can hand over its hidden states."""
+    if drafter.uses_target_features and not getattr(target_lm, "supports_hidden", False):
+        raise TypeError(f"{type(drafter).__name__} reads the target's hidden states, which "
+                        f"{type(target_lm).__name__} does not provide; use a Hugging Face target")
+
+
 def _check_pair_tokenizers(target, drafter: Drafter) -> None:
     """When both models' tokenizers are known (``load_model`` registers them), they must be the same."""
     draft_model = getattr(getattr(drafter, "lm", None), "model", None)
@@ -187,6 +194,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     drafter = as_drafter(draft, target)
     input_ids = check_request(input_ids, target_lm.max_length, gamma, max_new_tokens, sampling)
     check_vocab(target_lm, drafter)
+    check_features(target_lm, drafter)
     check_batch(input_ids, target_lm, getattr(drafter, "lm", None))
     _check_pair_tokenizers(target, drafter)
     eos = _eos_set(eos_token_id)
@@ -212,7 +220,11 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
 
         # 2) target: one forward over the newest token and the drafts -> logits at k+1 positions
         k = drafts.shape[1]
-        logits = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1)  # (B, k+1, V)
+        if drafter.uses_target_features:  # the draft reads the target's hidden states of this forward
+            logits, hidden, first = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1, return_hidden=True)
+            drafter.observe(hidden, first)
+        else:
+            logits = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1)  # (B, k+1, V)
         seen = seen_mask(seq, lengths, drafts, target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
 
         # 3) verify: n accepted drafts, then the corrected or bonus token

@@ -6,6 +6,10 @@ point-mass drafts; ``rollback(kept)`` tells the drafter that row b's context is 
 that its cache may keep at most the first ``kept[b]`` tokens (the newest token has not been fed to anyone).
 
 ``seq`` (B, T) is the loop's token buffer; row b is valid up to ``lengths[b]``.
+
+Feature-level drafts (``heads.py``) set ``uses_target_features``; the loop then also calls
+``observe(hidden, first_position)`` after each target forward with the target's last hidden states (B, n, H) of
+the positions it fed, ``first_position`` onwards. The rollback that follows says which of them were kept.
 """
 from __future__ import annotations
 
@@ -21,8 +25,12 @@ class Drafter:
     """Base class: a draft that proposes nothing (every round is then a plain target step)."""
 
     vocab_size: int | None = None
+    uses_target_features = False
 
     def begin(self, input_ids: torch.Tensor) -> None:
+        pass
+
+    def observe(self, hidden: torch.Tensor, first_position: int) -> None:
         pass
 
     def propose(self, seq, lengths, gamma, sampling, generator):
@@ -30,6 +38,17 @@ class Drafter:
 
     def rollback(self, kept: torch.Tensor) -> None:
         pass
+
+
+def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generator):
+    """One draft token per row from next-token logits (B, V), after the tokens ``drafted`` so far this round:
+    (token (B,), the distribution q (B, V) it was drawn from, under the same sampling settings as the target)."""
+    seen = None
+    if sampling.repetition_penalty != 1.0:
+        so_far = torch.stack(drafted, 1) if drafted else seq.new_zeros(seq.shape[0], 0)
+        seen = seen_mask(seq, lengths, so_far, logits.shape[-1])[:, -1]
+    q = probs_from_logits(logits, sampling, seen)
+    return sample(q, generator), q
 
 
 class ModelDraft(Drafter):
@@ -48,12 +67,7 @@ class ModelDraft(Drafter):
         logits = feed_unseen(self.lm, seq, lengths, num_logits=1)[:, -1]  # (B, V)
         tokens, qs = [], []
         for i in range(gamma):
-            seen = None
-            if sampling.repetition_penalty != 1.0:
-                drafted = torch.stack(tokens, 1) if tokens else seq.new_zeros(seq.shape[0], 0)
-                seen = seen_mask(seq, lengths, drafted, self.vocab_size)[:, -1]
-            q_i = probs_from_logits(logits, sampling, seen)  # (B, V)
-            x_i = sample(q_i, generator)  # (B,)
+            x_i, q_i = draw(logits, seq, lengths, tokens, sampling, generator)
             tokens.append(x_i)
             qs.append(q_i)
             if i < gamma - 1:

@@ -119,15 +119,18 @@ def to_markdown(df: pd.DataFrame, digits: int = 3) -> str:
     return "\n".join([header, rule, *body])
 
 
+DEFAULT_DRAFTS = ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-medusa", "n-gram", "layer-skip")
+
+
 def main(argv=None):
     """python -m specdec_lite.evaluate: every draft kind against the baseline on the evaluation prompts."""
-    from .drafts import LayerSkipDraft, NGramDraft
-    from .models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_model
-    from .tasks import PROMPTS_DIR, TASKS, load_prompts
+    from .models import EMBEDDED_TARGET, load_draft, load_model
+    from .tasks import PROMPTS_DIR, first_per_task, load_prompts
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
-    parser.add_argument("--draft", default=EMBEDDED_DRAFT)
+    parser.add_argument("--drafts", nargs="+", default=list(DEFAULT_DRAFTS),
+                        help="draft names, ids or folders (models, heads), or n-gram / layer-skip")
     parser.add_argument("--prompts", default=str(PROMPTS_DIR))
     parser.add_argument("--prompts-per-task", type=int, default=5)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -137,10 +140,8 @@ def main(argv=None):
     parser.add_argument("--out", default="data/results/draft_kinds.csv")
     args = parser.parse_args(argv)
     target, tokenizer = load_model(args.target, args.device)
-    draft, _ = load_model(args.draft, args.device)
-    drafts = {"trained draft": draft, "n-gram": NGramDraft(), "layer-skip": LayerSkipDraft(target)}
-    all_prompts = load_prompts(args.prompts)
-    prompts = [p for t in TASKS for p in [q for q in all_prompts if q["task"] == t][: args.prompts_per_task]]
+    drafts = {name: load_draft(name, target) for name in args.drafts}  # refusals come before any run
+    prompts = first_per_task(load_prompts(args.prompts), args.prompts_per_task)
     frames = [run_prompts(target, tokenizer, drafts, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                           sampling=SamplingParams(temperature=t)) for t in args.temperatures]
     runs = pd.concat(frames, ignore_index=True)

@@ -5,6 +5,8 @@ verifier outcome, round after round) and returns the exact probability of each p
 n emitted tokens. It uses the loop's own pieces: the model wrappers, ``probs_from_logits`` and the verifier's
 ``outcome_distribution`` (built from the same acceptance and residual functions ``verify`` samples with).
 ``exact_target_distribution`` gives the target's own law of the first n tokens. Equal laws = lossless (C1).
+Feature-level drafts (``heads.py``) are enumerated through their cache-free ``reference_distributions``; the
+tests hold the live drafter to that reference.
 """
 from __future__ import annotations
 
@@ -44,10 +46,19 @@ def exact_target_distribution(target, prompt, n: int, sampling: SamplingParams =
     return {tuple(s.tolist()): float(pr) for s, pr in zip(seqs, probs) if pr > 0}
 
 
-def _round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+def _round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams,
+                    first_round: bool = False):
     """Every (emitted tokens, probability) of one round from ``context`` (1-D)."""
     V = target_lm.vocab_size
-    if isinstance(draft, Drafter):  # deterministic (point-mass) draft: one proposal, q = None
+    if getattr(draft, "uses_target_features", False):  # heads.py: q from a cache-free reference computation
+        g = 0 if first_round else draft.proposal_length(gamma)
+        if g == 0:  # the first round is the prefill: nothing is proposed
+            drafts, q, weights = torch.zeros(1, 0, dtype=torch.long), None, torch.ones(1, dtype=torch.float64)
+        else:
+            drafts = torch.tensor(list(itertools.product(range(V), repeat=g)), dtype=torch.long)
+            q = draft.reference_distributions(context, drafts, sampling).double().cpu()
+            weights = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1).prod(dim=1)
+    elif isinstance(draft, Drafter):  # deterministic (point-mass) draft: one proposal, q = None
         seq, lengths = context[None, :], torch.tensor([len(context)])
         drafts, q = draft.propose(seq, lengths, gamma, sampling, None)
         if q is not None:
@@ -78,7 +89,7 @@ def exact_speculative_distribution(target, draft, prompt, gamma: int, n: int,
         nxt = defaultdict(float)
         for emitted, prob in frontier.items():
             context = torch.tensor(prompt + emitted, dtype=torch.long)
-            for tokens, pr in _round_outcomes(target_lm, draft, context, gamma, sampling).items():
+            for tokens, pr in _round_outcomes(target_lm, draft, context, gamma, sampling, not emitted).items():
                 longer = emitted + tokens
                 if len(longer) >= n:
                     result[longer[:n]] += prob * pr

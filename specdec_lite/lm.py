@@ -3,7 +3,9 @@ same loop (invariant 4):
 
 - ``reset(batch_size)``: empty cache;
 - ``feed(tokens, num_logits=None)``: append tokens (B, n) to the cache, return next-token logits (B, n, V) for the
-  fed positions (only the last ``num_logits`` of them when given);
+  fed positions (only the last ``num_logits`` of them when given); Hugging Face models also take
+  ``return_hidden=True`` and then return (logits, last hidden states (B, n, H) of all fed positions), the
+  features that feature-level drafts (``heads.py``) read;
 - ``crop(lengths)``: roll the cache back so row b keeps its first ``lengths[b]`` tokens;
 - ``cache_lengths()``: (B,) tokens each row's cache holds.
 
@@ -77,12 +79,16 @@ class HFCausalLM:
         self.length = 0
         self.batch_size = batch_size
 
+    supports_hidden = True
+
     @torch.inference_mode()
-    def feed(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
+    def feed(self, tokens: torch.Tensor, num_logits: int | None = None, return_hidden: bool = False):
         out = self.model(input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
-                         **{self._cache_kwarg: self.cache})
+                         output_hidden_states=return_hidden, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
-        return out.logits[..., : self.vocab_size]
+        logits = out.logits[..., : self.vocab_size]
+        # the last entry of hidden_states is after the final norm: the output layer's input
+        return (logits, out.hidden_states[-1]) if return_hidden else logits
 
     def crop(self, lengths: torch.Tensor) -> None:
         target = int(lengths.max())
@@ -112,16 +118,20 @@ def gather_tail(seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tenso
 
 
 def feed_unseen(lm, seq: torch.Tensor, lengths: torch.Tensor, extra: torch.Tensor | None = None,
-                num_logits: int | None = None) -> torch.Tensor:
+                num_logits: int | None = None, return_hidden: bool = False):
     """Feed the tokens of ``seq`` the cache has not seen yet (the whole prompt on the first call, then 1 or 2
     tokens), followed by ``extra`` (B, k); rows are cropped to a common count so that one forward serves all.
-    Returns the logits of the last ``num_logits`` fed positions."""
+    Returns the logits of the last ``num_logits`` fed positions; with ``return_hidden``, (logits, hidden states
+    of every fed position, position of the first fed token)."""
     missing = int((lengths - lm.cache_lengths().to(lengths.device)).max())
     lm.crop(lengths - missing)
     tokens = gather_tail(seq, lengths, missing)
     if extra is not None:
         tokens = torch.cat([tokens, extra], dim=1)
-    return lm.feed(tokens, num_logits=num_logits)
+    if not return_hidden:
+        return lm.feed(tokens, num_logits=num_logits)
+    logits, hidden = lm.feed(tokens, num_logits=num_logits, return_hidden=True)
+    return logits, hidden, int(lengths.max()) - missing
 
 
 def is_language_model(obj) -> bool:

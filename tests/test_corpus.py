@@ -11,7 +11,7 @@ def test_training_prompts_are_many_unique_and_stable():
     assert len(prompts) > 2000  # more than a few sessions of generation
     assert len({p["id"] for p in prompts}) == len(prompts) == len({p["prompt"] for p in prompts})
     assert prompts == corpus.training_prompts()  # same seed, same order
-    assert {p["family"] for p in prompts} == {"code", "explain", "advice", "translate"}
+    assert {p["family"] for p in prompts} == {"code", "explain", "advice", "translate", "chat"}
 
 
 def test_generate_corpus_appends_and_resumes(tmp_path, embedded):

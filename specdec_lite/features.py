@@ -1,0 +1,133 @@
+"""The target's last hidden states over its own text, by teacher forcing: training data for feature-level drafts
+(EAGLE-style head, Medusa heads; ``heads.py``).
+
+One forward of the target over each record of ``data/target_text`` gives, at every position i, the hidden state
+f_i that its output layer turns into the logits for token i+1 (after the final norm: ``lm_head(f_i)`` are the
+logits). They are stored as float16, one row per token, aligned with ``tokens.bin`` (row j = token j), in a
+cache folder (about 1.2 kB a token: 390 MB for the shipped corpus; far too big to commit, cheap to remake):
+
+    python -m specdec_lite.features              # resumes: records already done are skipped
+
+A fingerprint of the target's weights is stored beside them, so features of another model are never mixed in.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .corpus import DEFAULT_DIR as CORPUS_DIR
+from .corpus import load_index
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of a model's configuration-relevant shapes and a strided sample of its weights: equal for
+    the same weights, different (with overwhelming probability) for any other model."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        flat = p.detach().flatten()
+        sample = flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().round(4)  # robust to storage dtype
+        h.update(f"{name}:{tuple(p.shape)}".encode())
+        h.update(sample.tobytes())
+    return h.hexdigest()[:16]
+
+
+def features_dir(target_name: str, root: Path | None = None) -> Path:
+    from .models import cache_dir
+
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(target_name)).strip("_")[-80:]
+    return Path(root or cache_dir() / "features") / safe
+
+
+def _meta_path(out_dir: Path) -> Path:
+    return out_dir / "meta.json"
+
+
+def feature_store(out_dir: Path, total_tokens: int, hidden_size: int, mode: str = "r") -> np.memmap:
+    return np.memmap(out_dir / "features.f16", dtype=np.float16, mode=mode, shape=(total_tokens, hidden_size))
+
+
+@torch.inference_mode()
+def extract_features(target, corpus_dir: Path = CORPUS_DIR, out_dir: Path | None = None, target_name: str = "",
+                     batch_size: int = 16, max_records: int | None = None, progress: bool = True) -> dict:
+    """Write the target's last hidden state at every token of the first ``max_records`` corpus records (all by
+    default) to ``out_dir``; resumes where an earlier run stopped. Returns the metadata (see ``load_features``)."""
+    from tqdm.auto import tqdm
+
+    corpus_dir = Path(corpus_dir)
+    index = load_index(corpus_dir)
+    if not index:
+        raise FileNotFoundError(f"no target-made text in {corpus_dir}: run `python -m specdec_lite.corpus` first")
+    index = index[:max_records] if max_records else index
+    out_dir = Path(out_dir or features_dir(target_name or type(target).__name__))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hidden = target.config.get_text_config(decoder=True).hidden_size
+    fingerprint = weights_fingerprint(target)
+    total = index[-1]["offset"] + index[-1]["prompt_len"] + index[-1]["gen_len"]
+    meta = json.loads(_meta_path(out_dir).read_text()) if _meta_path(out_dir).exists() else {}
+    if meta and (meta["fingerprint"] != fingerprint or meta["hidden_size"] != hidden):
+        raise ValueError(f"{out_dir} holds features of another model (fingerprint {meta['fingerprint']}, this "
+                         f"target {fingerprint}); give another out_dir or delete that folder")
+    done = meta.get("records_done", 0)
+    path = out_dir / "features.f16"
+    with open(path, "ab") as f:  # grow the file to the corpus size (the corpus only ever grows)
+        f.truncate(max(path.stat().st_size, total * hidden * 2))
+    store = feature_store(out_dir, total, hidden, mode="r+")
+    tokens = np.fromfile(corpus_dir / "tokens.bin", dtype=np.uint16)
+    meta = {"target": target_name, "fingerprint": fingerprint, "hidden_size": hidden,
+            "corpus": str(corpus_dir), "dtype": "float16"}
+    bar = tqdm(total=len(index), initial=done, desc="target features", disable=not progress)
+    from .distill import _padded
+
+    for start in range(done, len(index), batch_size):
+        batch = index[start: start + batch_size]
+        seqs = [torch.from_numpy(tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))
+                for e in batch]
+        ids, mask = _padded(seqs)
+        out = target(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                     output_hidden_states=True, logits_to_keep=1)
+        feats = out.hidden_states[-1].to(torch.float16).cpu().numpy()
+        for r, e in enumerate(batch):
+            n = len(seqs[r])
+            store[e["offset"]: e["offset"] + n] = feats[r, :n]
+        store.flush()
+        meta.update(records_done=start + len(batch), tokens=int(total))
+        _meta_path(out_dir).write_text(json.dumps(meta, indent=1) + "\n")
+        bar.update(len(batch))
+    bar.close()
+    return meta
+
+
+def load_features(out_dir: Path) -> tuple[np.memmap, dict]:
+    """(features (tokens, hidden) float16 memmap aligned with tokens.bin, metadata); only the first
+    ``meta['records_done']`` records of the corpus index are filled."""
+    out_dir = Path(out_dir)
+    if not _meta_path(out_dir).exists():
+        raise FileNotFoundError(f"no features in {out_dir}: run `python -m specdec_lite.features` first")
+    meta = json.loads(_meta_path(out_dir).read_text())
+    return feature_store(out_dir, meta["tokens"], meta["hidden_size"]), meta
+
+
+def main(argv=None):
+    from .models import EMBEDDED_TARGET, load_model
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=EMBEDDED_TARGET)
+    parser.add_argument("--corpus", default=str(CORPUS_DIR))
+    parser.add_argument("--out", default=None, help="default: the cache folder for this target")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-records", type=int, default=None)
+    args = parser.parse_args(argv)
+    model, _ = load_model(args.target)
+    out = Path(args.out) if args.out else features_dir(args.target)
+    meta = extract_features(model, Path(args.corpus), out, args.target, args.batch_size, args.max_records)
+    print(f"{meta['records_done']} records, {meta['tokens']} tokens of features in {out}")
+
+
+if __name__ == "__main__":
+    main()

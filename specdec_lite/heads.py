@@ -1,0 +1,409 @@
+"""Feature-level drafts: small heads that read the target's own last hidden states.
+
+- ``EagleHead`` (Li et al. 2024, EAGLE): one small decoder layer over (target feature f_t, embedding of token
+  t+1) that predicts the feature f_{t+1}; the target's own output layer turns a predicted feature into draft
+  logits. It drafts autoregressively on its own predicted features, with its own KV cache.
+- ``MedusaHeads`` (Cai et al. 2024, Medusa): k residual blocks on the last feature, block i predicting the token
+  i+1 places after the one the target itself predicts; they share the target's output layer. Used as a chain
+  draft: token i is drawn from head i's distribution.
+
+Both output layers may be restricted to a frequency-ranked sub-vocabulary (``vocab_ids``): the draft's q is then
+zero outside it. That stays exact, because the verifier is given the q the tokens were really drawn from.
+
+Time line inside the loop (positions are token indices of the sequence; f_i is the target's feature at
+position i, which its head maps to the logits of token i+1): after a round the sequence is valid up to L and
+the target has produced f_0..f_{L-2} (the newest token L-1 has not been fed yet). The EAGLE head's cache then
+holds real-feature entries for positions 0..h-1; a proposal feeds (f_i, token i+1) for i = h..L-2, which
+predicts f'_{L-1} and so draft 1; then (f'_{L-1}, draft 1) predicts f'_L and draft 2, and so on. Entries made
+from predicted features are dropped at the rollback: the next round re-feeds those positions with real ones.
+Until the target has run once there are no features, so the first round proposes nothing (it is the prefill).
+
+Checkpoints are folders with ``head_config.json``, ``head.safetensors`` and a model card (``README.md``);
+``load_head(path_or_name, target)`` refuses a head trained for another target (hidden size, vocabulary or the
+recorded fingerprint of the target's weights).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .drafts import Drafter, draw
+from .sampling import SamplingParams, probs_from_logits, seen_mask
+from .features import weights_fingerprint
+from .lm import usable_vocab_size
+
+
+@dataclass
+class HeadConfig:
+    kind: str  # "eagle" or "medusa"
+    hidden_size: int  # the target's
+    vocab_size: int  # the target's usable vocabulary (logit width)
+    target: str = ""  # name the target was given when the head was trained
+    target_fingerprint: str = ""  # features.weights_fingerprint(target)
+    sub_vocab_size: int = 0  # size of the restricted output vocabulary; 0: the full vocabulary
+    # EAGLE-style head
+    num_attention_heads: int = 8
+    intermediate_size: int = 1536
+    rope_theta: float = 10000.0
+    # Medusa heads
+    num_heads: int = 4
+    extra: dict = field(default_factory=dict)  # free-form notes (training data, steps), not used by the code
+
+    def __post_init__(self):
+        if self.kind not in ("eagle", "medusa"):
+            raise ValueError(f"kind must be 'eagle' or 'medusa', got {self.kind!r}")
+        if self.kind == "eagle" and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                             f"{self.num_attention_heads}")
+        if self.kind == "medusa" and self.num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {self.num_heads}")
+
+
+# --------------------------------------------------------------------------------------------- building blocks
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class KVCache:
+    """Keys and values (B, heads, T, d) of one attention layer; rolled back by slicing."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, length: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
+def rotate(x, positions, theta: float):
+    """Rotary position embedding (rotate-half layout) of x (B, heads, n, d) at integer positions (n,)."""
+    d = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = positions.float()[:, None] * inv_freq[None, :]  # (n, d/2)
+    cos, sin = angles.cos().repeat(1, 2).to(x.dtype), angles.sin().repeat(1, 2).to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class DecoderLayer(nn.Module):
+    """A pre-norm Llama-style layer: causal self-attention with RoPE, then a SwiGLU MLP."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int, theta: float):
+        super().__init__()
+        self.heads, self.theta = heads, theta
+        self.attn_norm, self.mlp_norm = RMSNorm(hidden), RMSNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.out = nn.Linear(hidden, hidden, bias=False)
+        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x, positions, cache: KVCache | None = None):
+        B, n, H = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(B, n, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = rotate(q, positions, self.theta), rotate(k, positions, self.theta)
+        if cache is None:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            k, v = cache.append(k, v)
+            T = k.shape[2]
+            # new token j (at cache position T - n + j) sees every cached token and the new ones up to itself
+            allowed = torch.arange(T, device=x.device)[None, :] <= (T - n + torch.arange(n, device=x.device))[:, None]
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        x = x + self.out(a.transpose(1, 2).reshape(B, n, H))
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class EagleHead(nn.Module):
+    """(feature f_t, embedding of token t+1) -> predicted feature f_{t+1}."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        H = cfg.hidden_size
+        self.fuse = nn.Linear(2 * H, H)
+        self.layer = DecoderLayer(H, cfg.num_attention_heads, cfg.intermediate_size, cfg.rope_theta)
+
+    def forward(self, features, token_embeddings, positions, cache: KVCache | None = None):
+        x = self.fuse(torch.cat([features, token_embeddings.to(features.dtype)], dim=-1))
+        return self.layer(x, positions, cache)
+
+
+class MedusaHeads(nn.Module):
+    """Head i (0-based): f + SiLU(W_i f + b_i), read by the target's output layer as the token i+1 places after
+    the one the target predicts from f. Zero-initialised W_i: every head starts as the target's own head."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.hidden_size) for _ in range(cfg.num_heads))
+        for block in self.blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+
+    def forward(self, features):  # (..., H) -> (..., num_heads, H)
+        return torch.stack([features + F.silu(block(features)) for block in self.blocks], dim=-2)
+
+
+def build_head(cfg: HeadConfig) -> nn.Module:
+    return EagleHead(cfg) if cfg.kind == "eagle" else MedusaHeads(cfg)
+
+
+# ------------------------------------------------------------------------------------------- output layer
+
+
+class OutputLayer:
+    """The target's output layer, optionally restricted to ``vocab_ids``; logits come back full width with -inf
+    outside the sub-vocabulary, so q (and its zeros) is what the verifier sees."""
+
+    def __init__(self, target: nn.Module, vocab_size: int, vocab_ids: torch.Tensor | None):
+        weight = target.get_output_embeddings().weight.detach()
+        self.vocab_size = vocab_size
+        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(weight.device)
+        self.weight = weight[:vocab_size] if vocab_ids is None else weight[self.vocab_ids]  # (S, H)
+        bias = getattr(target.get_output_embeddings(), "bias", None)
+        self.bias = None if bias is None else (bias[:vocab_size] if vocab_ids is None else bias[self.vocab_ids])
+
+    def sub_logits(self, hidden):  # (..., H) -> (..., S)
+        out = hidden.to(self.weight.dtype) @ self.weight.T
+        return out if self.bias is None else out + self.bias
+
+    def logits(self, hidden):  # (..., H) -> (..., V)
+        sub = self.sub_logits(hidden)
+        if self.vocab_ids is None:
+            return sub
+        full = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.vocab_ids, sub)
+
+
+# ------------------------------------------------------------------------------------------------- drafters
+
+
+class FeatureDraft(Drafter):
+    """Shared plumbing: the target's features of every kept position, and the first-round rule."""
+
+    uses_target_features = True
+
+    def __init__(self, head: nn.Module, cfg: HeadConfig, target: nn.Module, vocab_ids: torch.Tensor | None):
+        check_head_target(cfg, target)
+        self.cfg = cfg
+        self.head = head.to(device=target.device, dtype=target.dtype).eval()
+        self.vocab_size = cfg.vocab_size
+        self.output = OutputLayer(target, cfg.vocab_size, vocab_ids)
+        self.features = None  # (B, P, H): the target's features of positions 0..P-1
+        self.target = target
+
+    def begin(self, input_ids):
+        self.features = None
+
+    def observe(self, hidden, first_position: int) -> None:
+        kept = self.features[:, :first_position] if self.features is not None else hidden[:, :0]
+        if kept.shape[1] != first_position:
+            raise RuntimeError(f"features of positions {kept.shape[1]}..{first_position - 1} are missing")
+        self.features = torch.cat([kept, hidden.to(self.head_dtype)], dim=1)
+
+    def rollback(self, kept: torch.Tensor) -> None:
+        if self.features is not None:
+            self.features = self.features[:, : int(kept.min())]
+
+    def proposal_length(self, gamma: int) -> int:
+        """Drafts per round once features exist."""
+        return gamma
+
+    @property
+    def head_dtype(self):
+        return next(self.head.parameters()).dtype
+
+    @torch.inference_mode()
+    def reference_distributions(self, context: torch.Tensor, proposals: torch.Tensor,
+                                sampling: SamplingParams) -> torch.Tensor:
+        """q (N, g, V) that a round starting from ``context`` (1-D, at least 2 tokens) gives to each row of
+        ``proposals`` (N, g), computed from scratch: one target forward, no caches. The tests hold the live
+        drafter (caches, rollbacks) to it, and exact enumeration uses it."""
+        N, g = proposals.shape
+        device = self.output.weight.device
+        context, proposals = context.to(device), proposals.to(device)
+        out = self.target(input_ids=context[None, :-1], output_hidden_states=True, logits_to_keep=1)
+        feats = out.hidden_states[-1].to(self.head_dtype).expand(N, -1, -1)  # f_0..f_{L-2}
+        seq = context[None].expand(N, -1)
+        seen = None
+        if sampling.repetition_penalty != 1.0:
+            seen = seen_mask(seq, torch.full((N,), len(context), device=device), proposals, self.vocab_size)
+        logits = self._reference_logits(feats, seq, proposals)  # (N, g, V)
+        return probs_from_logits(logits, sampling, None if seen is None else seen[:, :g])
+
+
+class EagleDraft(FeatureDraft):
+    def __init__(self, head: EagleHead, cfg: HeadConfig, target: nn.Module, vocab_ids=None):
+        super().__init__(head, cfg, target, vocab_ids)
+        self.embed = target.get_input_embeddings()
+        self.cache, self.real_length = KVCache(), 0
+
+    def begin(self, input_ids):
+        super().begin(input_ids)
+        self.cache = KVCache()
+        self.real_length = 0  # cache entries made from real (target) features
+
+    @torch.inference_mode()
+    def propose(self, seq, lengths, gamma, sampling, generator):
+        if self.features is None:  # the target has not run yet: this round is the prefill
+            return seq.new_zeros(seq.shape[0], 0), None
+        L, h = int(lengths.max()), self.cache.length
+        if self.features.shape[1] != L - 1:
+            raise RuntimeError(f"expected target features for {L - 1} positions, have {self.features.shape[1]}")
+        # catch up with real features: (f_i, token i+1) for i = h..L-2
+        positions = torch.arange(h, L - 1, device=seq.device)
+        predicted = self.head(self.features[:, h:], self.embed(seq[:, h + 1: L]), positions, self.cache)[:, -1:]
+        self.real_length = L - 1
+        tokens, qs = [], []
+        for i in range(gamma):
+            x_i, q_i = draw(self.output.logits(predicted[:, -1]), seq, lengths, tokens, sampling, generator)
+            tokens.append(x_i)
+            qs.append(q_i)
+            if i < gamma - 1:  # (predicted feature, draft i) -> the next predicted feature
+                pos = torch.tensor([L - 1 + i], device=seq.device)
+                predicted = self.head(predicted, self.embed(x_i[:, None]), pos, self.cache)
+        return torch.stack(tokens, 1), torch.stack(qs, 1)
+
+    def _reference_logits(self, feats, seq, proposals):
+        features, tokens, logits = feats, seq[:, 1:], []
+        for i in range(proposals.shape[1]):  # no cache: every step recomputes the whole sequence
+            predicted = self.head(features, self.embed(tokens), torch.arange(features.shape[1], device=seq.device))
+            logits.append(self.output.logits(predicted[:, -1]))
+            features = torch.cat([features, predicted[:, -1:]], dim=1)
+            tokens = torch.cat([tokens, proposals[:, i: i + 1]], dim=1)
+        return torch.stack(logits, 1)
+
+    def rollback(self, kept: torch.Tensor) -> None:
+        super().rollback(kept)
+        # entries made from predicted features go, even for accepted drafts: next round re-feeds real ones
+        self.cache.crop(min(self.cache.length, self.real_length, int(kept.min())))
+
+
+class MedusaDraft(FeatureDraft):
+    """Proposes min(gamma, num_heads) tokens per round, all from the feature of the last fed position."""
+
+    @torch.inference_mode()
+    def propose(self, seq, lengths, gamma, sampling, generator):
+        if self.features is None:
+            return seq.new_zeros(seq.shape[0], 0), None
+        predicted = self.head(self.features[:, -1])  # (B, num_heads, H)
+        logits = self.output.logits(predicted)
+        tokens, qs = [], []
+        for i in range(self.proposal_length(gamma)):
+            x_i, q_i = draw(logits[:, i], seq, lengths, tokens, sampling, generator)
+            tokens.append(x_i)
+            qs.append(q_i)
+        return torch.stack(tokens, 1), torch.stack(qs, 1)
+
+    def proposal_length(self, gamma: int) -> int:
+        return min(gamma, self.cfg.num_heads)
+
+    def _reference_logits(self, feats, seq, proposals):
+        return self.output.logits(self.head(feats[:, -1]))[:, : proposals.shape[1]]
+
+
+def make_drafter(head: nn.Module, cfg: HeadConfig, target: nn.Module, vocab_ids=None) -> FeatureDraft:
+    return (EagleDraft if cfg.kind == "eagle" else MedusaDraft)(head, cfg, target, vocab_ids)
+
+
+# ------------------------------------------------------------------------------------- checks, saving, loading
+
+
+def check_head_target(cfg: HeadConfig, target: nn.Module) -> None:
+    """Refuse a head trained for another target: the features it reads would mean something else."""
+    hidden = target.config.get_text_config(decoder=True).hidden_size
+    if hidden != cfg.hidden_size:
+        raise ValueError(f"this {cfg.kind} head was trained on features of width {cfg.hidden_size} "
+                         f"(target {cfg.target or 'unknown'}), but this target's hidden size is {hidden}; "
+                         "train a head for this target (notebooks/00_train_heads.ipynb)")
+    vocab = usable_vocab_size(target)
+    if vocab != cfg.vocab_size:
+        raise ValueError(f"this {cfg.kind} head has a vocabulary of {cfg.vocab_size} tokens but the target has "
+                         f"{vocab}; train a head for this target (notebooks/00_train_heads.ipynb)")
+    if cfg.target_fingerprint and weights_fingerprint(target) != cfg.target_fingerprint:
+        raise ValueError(f"this {cfg.kind} head was trained for target {cfg.target or 'unknown'} (weights "
+                         f"fingerprint {cfg.target_fingerprint}); this target's weights differ "
+                         f"({weights_fingerprint(target)}). Its hidden states mean something else: train a head "
+                         "for this target (notebooks/00_train_heads.ipynb)")
+
+
+def save_head(head: nn.Module, cfg: HeadConfig, vocab_ids: torch.Tensor | None, out_dir: Path) -> None:
+    """float16 weights + config; the sub-vocabulary ids are stored with the weights."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.float16).cpu().contiguous() for k, v in head.state_dict().items()}
+    if vocab_ids is not None:
+        tensors["vocab_ids"] = vocab_ids.to(torch.int64).cpu().contiguous()
+    save_file(tensors, str(out_dir / "head.safetensors"))
+    (out_dir / "head_config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+
+
+def is_head_dir(path) -> bool:
+    return (Path(path) / "head_config.json").exists()
+
+
+def read_head(path) -> tuple[nn.Module, HeadConfig, torch.Tensor | None]:
+    """(head module in float32, config, vocab_ids or None) from a checkpoint folder."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not is_head_dir(path):
+        raise FileNotFoundError(f"no head checkpoint (head_config.json) in {path}")
+    cfg = HeadConfig(**json.loads((path / "head_config.json").read_text()))
+    tensors = load_file(str(path / "head.safetensors"))
+    vocab_ids = tensors.pop("vocab_ids", None)
+    head = build_head(cfg)
+    head.load_state_dict({k: v.float() for k, v in tensors.items()})
+    return head, cfg, vocab_ids
+
+
+def load_head(path, target: nn.Module) -> FeatureDraft:
+    """A ready drafter for ``target`` from a checkpoint folder (refused if it was trained for another target)."""
+    head, cfg, vocab_ids = read_head(path)
+    return make_drafter(head, cfg, target, vocab_ids)
+
+
+def parameter_count(head: nn.Module) -> int:
+    return sum(p.numel() for p in head.parameters())
+
+
+def rope_theta_of(target) -> float:
+    """The target's RoPE base (transformers 5 keeps it in ``rope_parameters``), else the common 10,000."""
+    config = target.config.get_text_config(decoder=True)
+    params = getattr(config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta or getattr(config, "rope_theta", None) or 10000.0)
+
+
+def head_config_for(target, kind: str, target_name: str = "", sub_vocab_size: int = 8192, **kw) -> HeadConfig:
+    """A config sized from the target: the EAGLE layer has the target's width, head count and MLP width."""
+    text = target.config.get_text_config(decoder=True)
+    base = dict(kind=kind, hidden_size=text.hidden_size, vocab_size=usable_vocab_size(target), target=target_name,
+                target_fingerprint=weights_fingerprint(target), sub_vocab_size=sub_vocab_size,
+                num_attention_heads=text.num_attention_heads, intermediate_size=text.intermediate_size,
+                rope_theta=rope_theta_of(target))
+    base.update(kw)
+    return HeadConfig(**base)

@@ -1,0 +1,210 @@
+"""Feature-level drafts (EAGLE-style head, Medusa heads): exactness, greedy identity, their own cache and
+rollback, refusals, checkpoints, and training from target features.
+
+Exactness design: the law of the first 3 emitted tokens is computed exactly over every branch of the loop
+(``exact_speculative_distribution``), with the draft's q taken from the head's cache-free
+``reference_distributions``, and compared with the target's own law; tiny float32 Llama targets, so the
+tolerance is 1e-6 (float32 rounding of p and q; a broken verifier moves the law by more than 1e-3, shown below).
+A second test holds the live drafter (KV cache, rollbacks, features handed over by the loop) to that reference
+at every round of real generations, so the enumerated law is the law of the loop that runs.
+"""
+import json
+
+import pytest
+import torch
+
+import specdec_lite as sd
+from specdec_lite import corpus, features, heads, models
+from specdec_lite.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
+from specdec_lite.mutants import MUTANTS, patched
+from specdec_lite.train_heads import HeadTrainConfig, HeadTrainer, load_dataset
+
+from conftest import tiny_llama
+
+KINDS = ("eagle", "medusa")
+GREEDY = sd.SamplingParams(temperature=0)
+
+
+def random_head_draft(target, kind, sub_vocab=None, num_heads=3, seed=1):
+    """An untrained head with random (not zero) weights, so its drafts are sometimes right, sometimes not."""
+    cfg = heads.head_config_for(target, kind, "tiny", sub_vocab_size=0 if sub_vocab is None else len(sub_vocab),
+                                num_heads=num_heads)
+    torch.manual_seed(seed)
+    head = heads.build_head(cfg)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3 / p.shape[1] ** 0.5 * 4)
+    return heads.make_drafter(head, cfg, target, sub_vocab)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("setting", ["plain", "temperature+top_k+top_p+penalty"])
+def test_exact_law_of_first_tokens_equals_target(kind, setting):
+    target = tiny_llama(vocab=5, hidden=32, seed=3)
+    sampling = sd.SamplingParams() if setting == "plain" else sd.SamplingParams(
+        temperature=0.8, top_k=4, top_p=0.9, repetition_penalty=1.3)
+    prompt = [1, 2]
+    ref = exact_target_distribution(target, prompt, 3, sampling)
+    for sub_vocab in (None, torch.tensor([0, 2, 3])):
+        draft = random_head_draft(target, kind, sub_vocab, num_heads=2)
+        for gamma in (1, 2):
+            spec = exact_speculative_distribution(target, draft, prompt, gamma, 3, sampling)
+            assert max_abs_difference(spec, ref) < 1e-6, (gamma, sub_vocab)
+            assert sum(spec.values()) == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_exact_check_sees_a_broken_verifier_with_heads(kind):
+    target = tiny_llama(vocab=5, hidden=32, seed=3)
+    draft = random_head_draft(target, kind, num_heads=2)
+    ref = exact_target_distribution(target, [1, 2], 3)
+    with patched(MUTANTS["residual from p"][1]):
+        broken = exact_speculative_distribution(target, draft, [1, 2], 2, 3)
+    assert max_abs_difference(broken, ref) > 1e-3
+
+
+class Recorder:
+    """Wraps a feature drafter and keeps (context, drafts, q) of every round."""
+
+    def __init__(self, drafter):
+        self.drafter, self.rounds = drafter, []
+        original = drafter.propose
+
+        def propose(seq, lengths, gamma, sampling, generator):
+            drafts, q = original(seq, lengths, gamma, sampling, generator)
+            self.rounds.append((seq[0, : int(lengths[0])].clone(), drafts.clone(), None if q is None else q.clone()))
+            return drafts, q
+        drafter.propose = propose
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_live_drafter_matches_its_cache_free_reference(kind, temperature):
+    target = tiny_llama(vocab=8, seed=0)  # a small vocabulary, so random heads guess right now and then
+    rec = Recorder(random_head_draft(target, kind, torch.tensor([0, 1, 2, 3, 5, 6]), num_heads=3))
+    sampling = sd.SamplingParams(temperature=temperature)
+    gen = sd.speculative_generate(target, rec.drafter, torch.tensor([[5, 1, 7, 3]]), gamma=4, max_new_tokens=60,
+                                  sampling=sampling, seed=7)
+    assert rec.rounds[0][1].shape[1] == 0  # the first round is the prefill: nothing to draft from yet
+    checked = 0
+    for context, drafts, q in rec.rounds[1:]:
+        ref = rec.drafter.reference_distributions(context, drafts, sampling)
+        assert torch.allclose(q, ref, atol=1e-5), (len(context), checked)
+        checked += 1
+    assert checked >= 5 and 0 < gen.stats.accepted < gen.stats.drafted  # rounds with and without rejections
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_output_is_the_targets(kind, gamma):
+    target = tiny_llama(vocab=64, seed=0)
+    prompt = torch.tensor([[5, 9, 11, 3, 7]])
+    base = sd.autoregressive_generate(target, prompt, max_new_tokens=48, sampling=GREEDY).tokens
+    for sub_vocab in (None, torch.arange(0, 64, 3)):
+        draft = random_head_draft(target, kind, sub_vocab)
+        gen = sd.speculative_generate(target, draft, prompt, gamma=gamma, max_new_tokens=48, sampling=GREEDY)
+        assert torch.equal(gen.tokens, base)
+        expected = min(gamma, 3) if kind == "medusa" else gamma
+        assert set(gen.stats.proposed_lengths[1:]) == {expected}
+
+
+def test_eagle_cache_holds_real_features_only_after_each_rollback():
+    target = tiny_llama(vocab=64, seed=0)
+    draft = random_head_draft(target, "eagle")
+    lengths_seen = []
+    original = draft.rollback
+
+    def rollback(kept):
+        original(kept)
+        # the head's cache keeps entries made from the target's features only, never from its own predictions
+        lengths_seen.append((draft.cache.length, draft.real_length, int(kept[0]), draft.features.shape[1]))
+    draft.rollback = rollback
+    sd.speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), gamma=4, max_new_tokens=30, sampling=GREEDY)
+    for cache_len, real, kept, n_features in lengths_seen:
+        assert cache_len == real <= kept and n_features == kept
+    assert any(cache_len > 0 for cache_len, *_ in lengths_seen)
+
+
+def test_kv_cache_crop_and_append():
+    cache = heads.KVCache()
+    k = torch.randn(1, 2, 5, 4)
+    cache.append(k, k + 1)
+    cache.crop(3)
+    k2, v2 = cache.append(k[:, :, :1], k[:, :, :1] + 1)
+    assert cache.length == 4 and torch.equal(k2[:, :, :3], k[:, :, :3]) and torch.equal(k2[:, :, 3], k[:, :, 0])
+
+
+def test_heads_refuse_another_target_and_toy_targets():
+    target = tiny_llama(vocab=64, seed=0)
+    draft = random_head_draft(target, "eagle")
+    cfg = draft.cfg
+    with pytest.raises(ValueError, match="fingerprint"):
+        heads.make_drafter(draft.head, cfg, tiny_llama(vocab=64, seed=9))  # same shapes, other weights
+    with pytest.raises(ValueError, match="hidden size"):
+        heads.make_drafter(draft.head, cfg, tiny_llama(vocab=64, hidden=48, seed=0))
+    with pytest.raises(ValueError, match="vocabulary"):
+        heads.make_drafter(draft.head, cfg, tiny_llama(vocab=72, seed=0))
+    toy_target, _ = sd.toy.random_pair(64, 0.5, 0)
+    with pytest.raises(TypeError, match="hidden states"):
+        sd.speculative_generate(toy_target, draft, torch.tensor([[1, 2]]), max_new_tokens=4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_checkpoint_roundtrip_and_loading_by_path(tmp_path, kind):
+    target = tiny_llama(vocab=64, seed=0)
+    draft = random_head_draft(target, kind, torch.arange(0, 64, 2))
+    heads.save_head(draft.head, draft.cfg, draft.output.vocab_ids, tmp_path)
+    loaded = sd.load_draft(str(tmp_path), target)
+    assert type(loaded) is type(draft) and torch.equal(loaded.output.vocab_ids, draft.output.vocab_ids)
+    context, proposals = torch.tensor([3, 4, 5, 6]), torch.tensor([[1, 2, 3], [7, 8, 9]])
+    a = draft.reference_distributions(context, proposals, sd.SamplingParams())
+    b = loaded.reference_distributions(context, proposals, sd.SamplingParams())
+    assert (a - b).abs().max() < 2e-2  # weights are stored in float16
+    with pytest.raises(ValueError, match="load_draft"):
+        models.load_model(str(tmp_path))
+
+
+def test_features_are_what_the_output_layer_reads_and_extraction_resumes(tmp_path, embedded):
+    _, tokenizer = embedded
+    target = tiny_llama(vocab=49152, layers=1, hidden=32, seed=5, max_positions=8192)
+    corpus.generate_corpus(target, tokenizer, tmp_path / "text", budget_tokens=30, batch_size=2, max_new_tokens=10,
+                           progress=False)
+    n = len(corpus.load_index(tmp_path / "text"))
+    meta = features.extract_features(target, tmp_path / "text", tmp_path / "f", "tiny", batch_size=2,
+                                     max_records=n - 2, progress=False)
+    assert meta["records_done"] == n - 2
+    meta = features.extract_features(target, tmp_path / "text", tmp_path / "f", "tiny", batch_size=2,
+                                     progress=False)
+    assert meta["records_done"] == n
+    store, _ = features.load_features(tmp_path / "f")
+    entry, arr = corpus.load_records(tmp_path / "text")[-1]
+    with torch.no_grad():
+        logits = target(input_ids=torch.from_numpy(arr)[None]).logits[0]
+    f = torch.from_numpy(store[entry["offset"]: entry["offset"] + len(arr)].astype("float32"))
+    assert (target.lm_head(f) - logits).abs().max() < 0.05 * logits.abs().max()  # float16 storage
+    with pytest.raises(ValueError, match="another model"):
+        features.extract_features(tiny_llama(vocab=49152, layers=1, hidden=32, seed=6, max_positions=8192),
+                                  tmp_path / "text", tmp_path / "f", progress=False)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_training_lowers_the_loss_and_resumes(tmp_path, kind, embedded):
+    _, tokenizer = embedded
+    target = tiny_llama(vocab=49152, layers=1, hidden=32, seed=5, max_positions=8192)
+    corpus.generate_corpus(target, tokenizer, tmp_path / "text", budget_tokens=120, batch_size=4,
+                           max_new_tokens=24, progress=False)
+    features.extract_features(target, tmp_path / "text", tmp_path / "f", "tiny", progress=False)
+    cfg = HeadTrainConfig(steps=30, batch_size=4, eval_every=15, warmup=5, lr=3e-3, heldout_fraction=0.2)
+    data, _ = load_dataset(tmp_path / "f", cfg, tmp_path / "text")
+    head_cfg = heads.head_config_for(target, kind, "tiny", sub_vocab_size=256)
+    trainer = HeadTrainer(target, head_cfg, data, cfg, tmp_path / "head")
+    first = trainer.evaluate()
+    log = trainer.run(progress=False, max_minutes=None)
+    key = "heldout_ce"
+    assert log[-1][key] < first[key]  # held-out cross-entropy against the target falls
+    assert json.loads((tmp_path / "head" / "head_config.json").read_text())["kind"] == kind
+    resumed = HeadTrainer(target, head_cfg, data, HeadTrainConfig(**{**cfg.__dict__, "steps": 35}), tmp_path / "head")
+    assert resumed.step == 30 and resumed.run(progress=False)[-1]["step"] == 35
+    draft = sd.load_draft(str(tmp_path / "head"), target)
+    assert draft.output.vocab_ids.numel() == 256
