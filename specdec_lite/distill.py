@@ -263,9 +263,14 @@ def write_model_card(out_dir: Path, draft, target_name: str, corpus_index: list,
     for e in log:
         lines.append(f"| {e['step']} | {e['train_loss']:.3f} | {e['heldout_hard_ce']:.3f} | "
                      f"{e['heldout_soft_ce']:.3f} | {e['heldout_agreement']:.3f} |")
+    return finish_card(out_dir, lines, evaluation)
+
+
+def finish_card(out_dir: Path, lines: list[str], evaluation=None) -> str:
+    """Append the held-out acceptance table (when given) and write the card to ``out_dir/README.md``."""
     if evaluation is not None:
-        lines += ["", "## Held-out acceptance (evaluation prompts, chat template, gamma 4)", "",
-                  to_markdown(evaluation)]
+        lines = lines + ["", "## Held-out acceptance (evaluation prompts, chat template, gamma 4)", "",
+                         to_markdown(evaluation)]
     text = "\n".join(lines) + "\n"
-    (out_dir / "README.md").write_text(text)
+    (Path(out_dir) / "README.md").write_text(text)
     return text

@@ -48,7 +48,8 @@ def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generato
         so_far = torch.stack(drafted, 1) if drafted else seq.new_zeros(seq.shape[0], 0)
         seen = seen_mask(seq, lengths, so_far, logits.shape[-1])[:, -1]
     q = probs_from_logits(logits, sampling, seen)
-    return sample(q, generator), q
+    # greedy q is one-hot: its argmax is the draw, without a multinomial over the whole vocabulary
+    return (q.argmax(-1) if sampling.greedy else sample(q, generator)), q
 
 
 class ModelDraft(Drafter):

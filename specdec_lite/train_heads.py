@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .corpus import load_records
-from .distill import _padded, frequent_tokens
+from .distill import _padded, finish_card, frequent_tokens
 from .heads import HeadConfig, OutputLayer, build_head, parameter_count, read_head, save_head
 
 
@@ -250,8 +250,6 @@ def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_
 
 def write_head_card(out_dir: Path, trainer: HeadTrainer, corpus_index: list, evaluation=None) -> str:
     """README.md beside the weights: what it is, size, data, steps, loss curve, held-out acceptance."""
-    from .evaluate import to_markdown
-
     out_dir, cfg, hc = Path(out_dir), trainer.cfg, trainer.head_cfg
     params = parameter_count(trainer.head)
     size = (out_dir / "head.safetensors").stat().st_size / 1e6
@@ -272,7 +270,7 @@ def write_head_card(out_dir: Path, trainer: HeadTrainer, corpus_index: list, eva
         loss = "mean over heads of the cross-entropy against the target's distribution of that token"
     columns = [k for k in (trainer.log[-1] if trainer.log else {}) if k.startswith("heldout_")]
     lines = [
-        f"# {out_dir.name}: a {hc.kind} draft for {hc.target}", "",
+        f"# {out_dir.name}: {'an EAGLE-style head' if hc.kind == 'eagle' else 'Medusa heads'} for {hc.target}", "",
         "Trained by specdec_lite (`notebooks/00_train_heads.ipynb`) from the target alone. Load it with "
         f"`specdec_lite.load_pair(target, draft=\"{out_dir.name}\")` or `specdec_lite.heads.load_head(folder, "
         "target)`; it refuses any other target (hidden size, vocabulary, weights fingerprint "
@@ -296,9 +294,4 @@ def write_head_card(out_dir: Path, trainer: HeadTrainer, corpus_index: list, eva
     for e in trainer.log:
         lines.append(f"| {e['step']} | {e['minutes']:.1f} | {e['train_loss']:.3f} | "
                      + " | ".join(f"{e.get(c, float('nan')):.3f}" for c in columns) + " |")
-    if evaluation is not None:
-        lines += ["", "## Held-out acceptance (evaluation prompts, chat template, gamma 4)", "",
-                  to_markdown(evaluation)]
-    text = "\n".join(lines) + "\n"
-    (out_dir / "README.md").write_text(text)
-    return text
+    return finish_card(out_dir, lines, evaluation)

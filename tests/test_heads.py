@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite import corpus, features, heads, models
+from specdec_lite import corpus, features, heads, models, tasks
 from specdec_lite.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.mutants import MUTANTS, patched
 from specdec_lite.train_heads import HeadTrainConfig, HeadTrainer, load_dataset
@@ -208,3 +208,25 @@ def test_training_lowers_the_loss_and_resumes(tmp_path, kind, embedded):
     assert resumed.step == 30 and resumed.run(progress=False)[-1]["step"] == 35
     draft = sd.load_draft(str(tmp_path / "head"), target)
     assert draft.output.vocab_ids.numel() == 256
+
+
+def test_load_draft_names_the_draft_kinds():
+    target = tiny_llama(vocab=64, seed=0)
+    assert isinstance(sd.load_draft("n-gram", target), sd.NGramDraft)
+    assert isinstance(sd.load_draft("layer-skip", target), sd.LayerSkipDraft)
+    with pytest.raises(FileNotFoundError, match="head_config"):
+        heads.read_head("/nonexistent/folder")
+
+
+def test_shipped_heads_load_by_name_for_the_embedded_target(embedded):
+    target, tokenizer = embedded
+    for name, kind in ((models.EMBEDDED_EAGLE, sd.EagleDraft), (models.EMBEDDED_MEDUSA, sd.MedusaDraft)):
+        draft = sd.load_draft(name, target)
+        assert isinstance(draft, kind) and draft.cfg.target == sd.EMBEDDED_TARGET
+        ids = tasks.chat_ids(tokenizer, "Write a Python function that adds two numbers.")
+        base = sd.autoregressive_generate(target, ids, max_new_tokens=24, sampling=GREEDY).tokens
+        gen = sd.speculative_generate(target, draft, ids, gamma=4, max_new_tokens=24, sampling=GREEDY)
+        assert torch.equal(gen.tokens, base) and gen.stats.accepted > 0
+    with pytest.raises(ValueError, match="fingerprint"):  # the embedded head, a same-shaped but other target
+        other = tiny_llama(vocab=49152, layers=1, hidden=576, seed=0, max_positions=64)
+        sd.load_draft(models.EMBEDDED_EAGLE, other)

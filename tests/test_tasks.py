@@ -50,3 +50,8 @@ def test_training_prompts_do_not_leak_into_evaluation_prompts():
         assert not any(p["prompt"] in t or t in p["prompt"] for t in train), p["id"]
         shared = ngrams(p["prompt"]) & train_grams
         assert not shared, (p["id"], sorted(shared)[:3])
+
+
+def test_first_per_task_keeps_file_order():
+    prompts = [{"id": str(i), "task": t, "prompt": "x"} for i, t in enumerate("aabbbab")]
+    assert [p["id"] for p in tasks.first_per_task(prompts, 2)] == ["0", "1", "2", "3"]
