@@ -37,6 +37,24 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def weights_probe(model: torch.nn.Module, tensors: int = 8, values: int = 32) -> list[float]:
+    """``values`` strided weights from each of ``tensors`` parameter tensors spread over the model (by name), as
+    floats: a record of which weights a head was trained on that survives a change of dtype (``same_weights``)."""
+    state = sorted(model.state_dict().items())
+    picked = state[:: max(1, len(state) // tensors)][:tensors]
+    out = []
+    for _, p in picked:
+        flat = p.detach().flatten()
+        out += flat[:: max(1, flat.numel() // values)][:values].float().cpu().tolist()
+    return out
+
+
+def same_weights(probe: list[float], model: torch.nn.Module) -> bool:
+    """Whether ``model`` has the weights ``probe`` was taken from, up to float16/bfloat16 rounding (2%)."""
+    now = weights_probe(model)
+    return len(now) == len(probe) and bool(np.allclose(now, probe, rtol=0.02, atol=1e-4))
+
+
 def features_dir(target_name: str, root: Path | None = None) -> Path:
     from .models import cache_dir
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from .drafts import Drafter, draw
 from .sampling import SamplingParams, probs_from_logits, seen_mask
-from .features import weights_fingerprint
+from .features import same_weights, weights_fingerprint, weights_probe
 from .lm import usable_vocab_size
 
 
@@ -44,7 +44,8 @@ class HeadConfig:
     hidden_size: int  # the target's
     vocab_size: int  # the target's usable vocabulary (logit width)
     target: str = ""  # name the target was given when the head was trained
-    target_fingerprint: str = ""  # features.weights_fingerprint(target)
+    target_fingerprint: str = ""  # features.weights_fingerprint(target), exact (same dtype)
+    target_probe: list = field(default_factory=list)  # features.weights_probe(target), survives a dtype change
     sub_vocab_size: int = 0  # size of the restricted output vocabulary; 0: the full vocabulary
     # EAGLE-style head
     num_attention_heads: int = 8
@@ -254,6 +255,8 @@ class FeatureDraft(Drafter):
 
 
 class EagleDraft(FeatureDraft):
+    """Drafts gamma tokens autoregressively on predicted features; its KV cache keeps real-feature entries only."""
+
     def __init__(self, head: EagleHead, cfg: HeadConfig, target: nn.Module, vocab_ids=None):
         super().__init__(head, cfg, target, vocab_ids)
         self.embed = target.get_input_embeddings()
@@ -341,7 +344,11 @@ def check_head_target(cfg: HeadConfig, target: nn.Module) -> None:
     if vocab != cfg.vocab_size:
         raise ValueError(f"this {cfg.kind} head has a vocabulary of {cfg.vocab_size} tokens but the target has "
                          f"{vocab}; train a head for this target (notebooks/00_train_heads.ipynb)")
-    if cfg.target_fingerprint and weights_fingerprint(target) != cfg.target_fingerprint:
+    if cfg.target_probe:
+        same = same_weights(cfg.target_probe, target)  # float32, float16 or bfloat16 copies of the same target
+    else:
+        same = not cfg.target_fingerprint or weights_fingerprint(target) == cfg.target_fingerprint
+    if not same:
         raise ValueError(f"this {cfg.kind} head was trained for target {cfg.target or 'unknown'} (weights "
                          f"fingerprint {cfg.target_fingerprint}); this target's weights differ "
                          f"({weights_fingerprint(target)}). Its hidden states mean something else: train a head "
@@ -402,7 +409,8 @@ def head_config_for(target, kind: str, target_name: str = "", sub_vocab_size: in
     """A config sized from the target: the EAGLE layer has the target's width, head count and MLP width."""
     text = target.config.get_text_config(decoder=True)
     base = dict(kind=kind, hidden_size=text.hidden_size, vocab_size=usable_vocab_size(target), target=target_name,
-                target_fingerprint=weights_fingerprint(target), sub_vocab_size=sub_vocab_size,
+                target_fingerprint=weights_fingerprint(target), target_probe=weights_probe(target),
+                sub_vocab_size=sub_vocab_size,
                 num_attention_heads=text.num_attention_heads, intermediate_size=text.intermediate_size,
                 rope_theta=rope_theta_of(target))
     base.update(kw)

@@ -141,6 +141,7 @@ def test_heads_refuse_another_target_and_toy_targets():
     cfg = draft.cfg
     with pytest.raises(ValueError, match="fingerprint"):
         heads.make_drafter(draft.head, cfg, tiny_llama(vocab=64, seed=9))  # same shapes, other weights
+    heads.make_drafter(draft.head, cfg, tiny_llama(vocab=64, seed=0).to(torch.bfloat16))  # same target, bfloat16
     with pytest.raises(ValueError, match="hidden size"):
         heads.make_drafter(draft.head, cfg, tiny_llama(vocab=64, hidden=48, seed=0))
     with pytest.raises(ValueError, match="vocabulary"):
