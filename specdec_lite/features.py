@@ -98,7 +98,7 @@ def extract_features(target, corpus_dir: Path = CORPUS_DIR, out_dir: Path | None
     store = feature_store(out_dir, total, hidden, mode="r+")
     tokens = np.fromfile(corpus_dir / "tokens.bin", dtype=np.uint16)
     meta = {"target": target_name, "fingerprint": fingerprint, "hidden_size": hidden,
-            "corpus": str(corpus_dir), "dtype": "float16"}
+            "corpus": str(corpus_dir), "dtype": "float16", "records_done": done, "tokens": int(total)}
     bar = tqdm(total=len(index), initial=done, desc="target features", disable=not progress)
     from .distill import _padded
 

@@ -178,6 +178,8 @@ def test_features_are_what_the_output_layer_reads_and_extraction_resumes(tmp_pat
     meta = features.extract_features(target, tmp_path / "text", tmp_path / "f", "tiny", batch_size=2,
                                      progress=False)
     assert meta["records_done"] == n
+    again = features.extract_features(target, tmp_path / "text", tmp_path / "f", "tiny", progress=False)
+    assert again == meta  # nothing left to do: the same metadata back
     store, _ = features.load_features(tmp_path / "f")
     entry, arr = corpus.load_records(tmp_path / "text")[-1]
     with torch.no_grad():
