@@ -4,7 +4,8 @@
 One forward of the target over each record of ``data/target_text`` gives, at every position i, the hidden state
 f_i that its output layer turns into the logits for token i+1 (after the final norm: ``lm_head(f_i)`` are the
 logits). They are stored as float16, one row per token, aligned with ``tokens.bin`` (row j = token j), in a
-cache folder (about 1.2 kB a token: 390 MB for the shipped corpus; far too big to commit, cheap to remake):
+cache folder (about 1.2 kB a token: 580 MB for the 500k tokens of the shipped corpus; too big to commit,
+remade in about 15 minutes):
 
     python -m specdec_lite.features              # resumes: records already done are skipped
 
