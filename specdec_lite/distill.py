@@ -155,6 +155,11 @@ def draft_loss(draft, ids, mask, loss_mask, soft_idx, soft_p, soft_weight: float
     return (1 - soft_weight) * hard + soft_weight * soft_ce, hard.detach(), soft_ce.detach(), agree.detach()
 
 
+def warmup_cosine(step: int, warmup: int, steps: int) -> float:
+    """Learning-rate factor at ``step``: linear warm-up over ``warmup`` steps, cosine decay to 0 at ``steps``."""
+    return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+
+
 def train_draft(draft, sequences, soft, cfg: TrainConfig, out_dir: Path, progress: bool = True,
                 log_path: Path | None = None, max_minutes: float | None = None) -> list[dict]:
     """Train ``draft`` in place; saves it (float16 safetensors) to out_dir every eval and at the end.
@@ -168,8 +173,7 @@ def train_draft(draft, sequences, soft, cfg: TrainConfig, out_dir: Path, progres
     pad = draft.config.pad_token_id or 0
     support = frequent_tokens([sequences[i] for i in train], draft.config.vocab_size)
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 *
-                                              (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.warmup, cfg.steps))
     log, started = [], time.monotonic()
     draft.train()
     bar = tqdm(range(cfg.steps), desc="draft training", disable=not progress)

@@ -24,6 +24,7 @@ import torch
 
 from .corpus import DEFAULT_DIR as CORPUS_DIR
 from .corpus import load_index
+from .distill import _padded
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
@@ -101,8 +102,6 @@ def extract_features(target, corpus_dir: Path = CORPUS_DIR, out_dir: Path | None
     meta = {"target": target_name, "fingerprint": fingerprint, "hidden_size": hidden,
             "corpus": str(corpus_dir), "dtype": "float16", "records_done": done, "tokens": int(total)}
     bar = tqdm(total=len(index), initial=done, desc="target features", disable=not progress)
-    from .distill import _padded
-
     for start in range(done, len(index), batch_size):
         batch = index[start: start + batch_size]
         seqs = [torch.from_numpy(tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))

@@ -117,9 +117,6 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: to
     return model, tokenizer
 
 
-DRAFT_KINDS = ("n-gram", "layer-skip")  # draft names that need no checkpoint
-
-
 def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
     """A draft for ``target`` by name: ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the target's own layers,
     middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder

@@ -18,7 +18,6 @@ Checkpoints (head, optimizer, log) are written every ``eval_every`` steps; a rer
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,8 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .corpus import DEFAULT_DIR as CORPUS_DIR
 from .corpus import load_records
-from .distill import _padded, finish_card, frequent_tokens
+from .distill import _padded, finish_card, frequent_tokens, warmup_cosine
 from .heads import HeadConfig, OutputLayer, build_head, parameter_count, read_head, save_head
 
 
@@ -152,10 +152,6 @@ class HeadTrainer:
                                      betas=(0.9, 0.95))
         self._resume()
 
-    def _lr(self, step):
-        warm = min(1.0, (step + 1) / self.cfg.warmup)
-        return self.cfg.lr * warm * 0.5 * (1 + math.cos(math.pi * min(step, self.cfg.steps) / self.cfg.steps))
-
     def _resume(self):
         """Full resume from ``training_state.pt`` (float32 head, optimizer, log; kept out of git), else a warm
         start from a committed checkpoint (float16 head and its log; the optimizer's moments start afresh)."""
@@ -216,7 +212,7 @@ class HeadTrainer:
             rows = [self.data.train[int(j)] for j in torch.randint(len(self.data.train), (self.cfg.batch_size,),
                                                                     generator=g)]
             for group in self.opt.param_groups:
-                group["lr"] = self._lr(self.step)
+                group["lr"] = self.cfg.lr * warmup_cosine(self.step, self.cfg.warmup, self.cfg.steps)
             loss, metrics = self.loss(self.data.batch(rows))
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -240,11 +236,10 @@ class HeadTrainer:
 
 def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_records: int | None = None):
     """The corpus records that have features (the first ``records_done`` of the index)."""
-    from .corpus import DEFAULT_DIR
     from .features import load_features
 
     features, meta = load_features(features_dir)
-    records = load_records(corpus_dir or DEFAULT_DIR)[: meta["records_done"]]
+    records = load_records(corpus_dir or CORPUS_DIR)[: meta["records_done"]]
     return FeatureDataset(records[:max_records] if max_records else records, features, cfg), meta
 
 
