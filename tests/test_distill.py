@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite import distill
+from specdec_lite.train import draft as distill
 
 from conftest import tiny_llama
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.models import embedded_target_path
-from specdec_lite.tasks import chat_ids
+from specdec_lite.core.models import embedded_target_path
+from specdec_lite.repro.tasks import chat_ids
 
 from conftest import DEVICE, tiny_llama
 
@@ -58,11 +58,11 @@ def test_greedy_identity_embedded(embedded):
 def test_load_pair_gives_the_trained_draft(embedded):
     from transformers import AutoModelForCausalLM
 
-    from specdec_lite.distill import directory_megabytes
-    from specdec_lite.models import DRAFTS_DIR
+    from specdec_lite.train.draft import directory_megabytes
+    from specdec_lite.paths import drafts_dir
 
     target, draft, tokenizer = sd.load_pair(device=DEVICE)
-    folder = DRAFTS_DIR / sd.EMBEDDED_DRAFT
+    folder = drafts_dir() / sd.EMBEDDED_DRAFT
     assert directory_megabytes(folder) <= 25 and (folder / "README.md").exists()
     assert draft.config.vocab_size == target.config.vocab_size and len(tokenizer) == 49152
     plain = AutoModelForCausalLM.from_pretrained(folder)  # usable without specdec_lite

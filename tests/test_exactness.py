@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
-from specdec_lite.mutants import MUTANTS, patched
-from specdec_lite.stats import chi_square_power, chi_square_pvalue
-from specdec_lite.toy import article000_pair, article004_pair, random_pair
+from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
+from specdec_lite.repro.mutants import MUTANTS, patched
+from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
+from specdec_lite.repro.toy import article000_pair, article004_pair, random_pair
 
 
 N_SAMPLES = 200_000

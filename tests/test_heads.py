@@ -14,10 +14,13 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite import corpus, features, heads, models, tasks
-from specdec_lite.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
-from specdec_lite.mutants import MUTANTS, patched
-from specdec_lite.train_heads import HeadTrainConfig, HeadTrainer, load_dataset
+from specdec_lite.core import models
+from specdec_lite.drafts import heads
+from specdec_lite.repro import tasks
+from specdec_lite.train import corpus, features
+from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
+from specdec_lite.repro.mutants import MUTANTS, patched
+from specdec_lite.train.heads import HeadTrainConfig, HeadTrainer, load_dataset
 
 from conftest import tiny_llama
 
@@ -146,7 +149,7 @@ def test_heads_refuse_another_target_and_toy_targets():
         heads.make_drafter(draft.head, cfg, tiny_llama(vocab=64, hidden=48, seed=0))
     with pytest.raises(ValueError, match="vocabulary"):
         heads.make_drafter(draft.head, cfg, tiny_llama(vocab=72, seed=0))
-    toy_target, _ = sd.toy.random_pair(64, 0.5, 0)
+    toy_target, _ = sd.repro.toy.random_pair(64, 0.5, 0)
     with pytest.raises(TypeError, match="hidden states"):
         sd.speculative_generate(toy_target, draft, torch.tensor([[1, 2]]), max_new_tokens=4)
 

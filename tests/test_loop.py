@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.lm import HFCausalLM
-from specdec_lite.toy import MarkovLM, random_pair
+from specdec_lite.core.lm import HFCausalLM
+from specdec_lite.repro.toy import MarkovLM, random_pair
 
 from conftest import DEVICE, tiny_llama
 

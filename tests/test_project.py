@@ -11,12 +11,16 @@ def normalise(requirement: str) -> str:
 
 
 def test_environment_yml_matches_pyproject():
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    """environment.yml installs the core dependencies and every extra (the notebooks, training and tests)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = [d for name, deps in project["optional-dependencies"].items() if name != "all" for d in deps]
+    pyproject = set(project["dependencies"]) | set(extras)
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip() == "- pip:")
     pip_deps = [line.strip()[2:] for line in lines[start + 1:] if line.strip().startswith("- ")]
     pip_deps = [d for d in pip_deps if not d.startswith("-e")]
     assert sorted(map(normalise, pip_deps)) == sorted(map(normalise, pyproject))
+    assert "- -e .[all]" in (ROOT / "environment.yml").read_text()
 
 
 def test_layout_of_the_design_card():

@@ -5,7 +5,7 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 import specdec_lite as sd
-from specdec_lite.toy import MarkovLM, random_pair
+from specdec_lite.repro.toy import MarkovLM, random_pair
 
 from conftest import tiny_llama
 

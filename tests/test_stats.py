@@ -2,7 +2,7 @@
 outcomes."""
 import numpy as np
 
-from specdec_lite import stats
+from specdec_lite.repro import stats
 
 
 def test_chi_square_is_calibrated_and_detects_a_shift():

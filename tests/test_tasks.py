@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from specdec_lite import corpus, tasks
+from specdec_lite.repro import tasks
+from specdec_lite.train import corpus
 
 
 def test_shipped_prompt_sets():

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite import theory
-from specdec_lite.toy import constant_alpha_pair
+from specdec_lite.repro import theory
+from specdec_lite.repro.toy import constant_alpha_pair
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.5, 0.8, 0.95])
@@ -69,7 +69,7 @@ def test_simulated_speedup_matches_theory():
 
 
 def test_forward_seconds_and_bandwidth_are_measured():
-    from specdec_lite import bench
+    from specdec_lite.repro import bench
 
     from conftest import tiny_llama
 
@@ -79,7 +79,7 @@ def test_forward_seconds_and_bandwidth_are_measured():
 
 
 def test_acceptance_summaries():
-    from specdec_lite import evaluate
+    from specdec_lite.repro import evaluate
 
     lengths = [5, 1, 3, 5, 2]  # gamma 4: accepted drafts 4, 0, 2, 4, 1
     assert evaluate.alpha_estimate(lengths, 4) == pytest.approx(11 / (4 + 1 + 3 + 4 + 2))

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.verify import outcome_distribution
+from specdec_lite.core.verify import outcome_distribution
 
 
 def random_probs(*shape, seed=0):

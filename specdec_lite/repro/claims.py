@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import paths
+
 VERDICTS = ("reproduces", "differs", "not testable here")
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "data" / "results"
 
 
 @dataclass
@@ -31,9 +32,9 @@ def verdict(holds: bool) -> str:
     return "reproduces" if holds else "differs"
 
 
-def write_claims(rows: list[ClaimRow], name: str, results_dir: Path = RESULTS_DIR) -> pd.DataFrame:
+def write_claims(rows: list[ClaimRow], name: str, results_dir: Path | None = None) -> pd.DataFrame:
     frame = pd.DataFrame([asdict(r) for r in rows])
-    results_dir = Path(results_dir)
+    results_dir = Path(results_dir or paths.results_dir())
     results_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(results_dir / f"claims_{name}.csv", index=False)
     return frame
@@ -47,10 +48,10 @@ C21 = ClaimRow("C21", "000, 002", "published: Leviathan 2-2.5x (T5-XXL), Medusa 
 README_START, README_END = "<!-- claims:start -->", "<!-- claims:end -->"
 
 
-def gather(results_dir: Path = RESULTS_DIR) -> pd.DataFrame:
+def gather(results_dir: Path | None = None) -> pd.DataFrame:
     """One row per claim C1..C22 from every notebook's claims_*.csv. A claim checked in several places is
     'reproduces' only if every check reproduces; a claim no notebook checked is 'not testable here'."""
-    frames = [pd.read_csv(p, dtype=str, keep_default_na=False) for p in sorted(Path(results_dir).glob("claims_*.csv"))]
+    frames = [pd.read_csv(p, dtype=str, keep_default_na=False) for p in sorted(Path(results_dir or paths.results_dir()).glob("claims_*.csv"))]
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(ClaimRow.__annotations__))
     out = []
     for claim in ALL_CLAIMS:

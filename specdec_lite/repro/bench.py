@@ -21,10 +21,12 @@ import time
 import pandas as pd
 import torch
 
-from .decode import _Clock, autoregressive_generate, speculative_generate
-from .drafts import LayerSkipDraft, NGramDraft
-from .models import EMBEDDED_TARGET, load_model, resolve_device
-from .sampling import SamplingParams
+from ..core.decode import Clock, autoregressive_generate, speculative_generate
+from ..core.lm import HFCausalLM
+from ..core.models import EMBEDDED_TARGET, load_model, resolve_device
+from ..core.sampling import SamplingParams
+from ..drafts.layer_skip import LayerSkipDraft
+from ..drafts.ngram import NGramDraft
 from .tasks import chat_ids
 
 BENCH_PROMPTS = [
@@ -37,7 +39,7 @@ GREEDY = SamplingParams(temperature=0)
 
 def timed(fn, device):
     """(result, seconds) with CUDA synchronized around the call."""
-    clock = _Clock(device)
+    clock = Clock(device)
     start = clock.now()
     result = fn()
     return result, clock.now() - start
@@ -123,7 +125,6 @@ def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), re
     """Median wall time of one forward over k new tokens (per row, ``batch_size`` rows) on a warm KV cache of
     ``context_len`` tokens, for each k: {k: seconds}. The cache is rolled back after each timed forward, so
     every repeat sees the same state."""
-    from .lm import HFCausalLM
 
     lm = HFCausalLM(model, vocab_size=vocab_size)
     device = lm.device

@@ -10,7 +10,7 @@ import importlib
 
 import torch
 
-_verify = importlib.import_module("specdec_lite.verify")
+_verify = importlib.import_module("specdec_lite.core.verify")
 
 
 def _bonus_from_position_gamma(p: torch.Tensor) -> torch.Tensor:
@@ -54,13 +54,13 @@ def inverted_ratio(p_x, q_x):
 
 # name: (patches for the loop, patches for exact enumeration or None); a patch is (module, attribute, value)
 MUTANTS = {
-    "bonus from wrong position": ([("specdec_lite.decode", "verify", wrong_bonus_verify)],
-                                  [("specdec_lite.exact", "outcome_distribution", wrong_bonus_outcomes)]),
-    "residual from p": ([("specdec_lite.verify", "residual_distribution", residual_from_p)],
-                        [("specdec_lite.verify", "residual_distribution", residual_from_p)]),
-    "inverted ratio q/p": ([("specdec_lite.verify", "acceptance_probability", inverted_ratio)],
-                           [("specdec_lite.verify", "acceptance_probability", inverted_ratio)]),
-    "bonus after last-position rejection": ([("specdec_lite.decode", "verify", bonus_after_last_rejection_verify)],
+    "bonus from wrong position": ([("specdec_lite.core.decode", "verify", wrong_bonus_verify)],
+                                  [("specdec_lite.repro.exact", "outcome_distribution", wrong_bonus_outcomes)]),
+    "residual from p": ([("specdec_lite.core.verify", "residual_distribution", residual_from_p)],
+                        [("specdec_lite.core.verify", "residual_distribution", residual_from_p)]),
+    "inverted ratio q/p": ([("specdec_lite.core.verify", "acceptance_probability", inverted_ratio)],
+                           [("specdec_lite.core.verify", "acceptance_probability", inverted_ratio)]),
+    "bonus after last-position rejection": ([("specdec_lite.core.decode", "verify", bonus_after_last_rejection_verify)],
                                             None),
 }
 

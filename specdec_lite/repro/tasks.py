@@ -11,14 +11,15 @@ from pathlib import Path
 
 import torch
 
-PROMPTS_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"
+from ..paths import prompts_dir
+
 TASKS = ("code", "summarization", "dialogue", "translation")
 REQUIRED = ("id", "task", "prompt")
 
 
-def load_prompts(path: str | Path = PROMPTS_DIR, tasks=None) -> list[dict]:
+def load_prompts(path: str | Path | None = None, tasks=None) -> list[dict]:
     """Prompts from a JSONL file or a folder of them, optionally only ``tasks``; validated, ids unique."""
-    path = Path(path)
+    path = Path(path) if path is not None else prompts_dir()
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files or not all(f.exists() for f in files):
         raise FileNotFoundError(f"no prompt file at {path}: give a .jsonl file or a folder of them")

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .evaluate import to_markdown
+from ..repro.report import to_markdown
+from .batching import padded
 
 
 @dataclass
@@ -93,7 +94,7 @@ def teacher_topk(target, sequences, k: int = 32, batch_size: int = 16, progress:
     device = target.device
     for start in tqdm(range(0, len(order), batch_size), desc="teacher top-k", disable=not progress):
         idx = order[start: start + batch_size]
-        ids, mask = _padded([sequences[i][0] for i in idx])
+        ids, mask = padded([sequences[i][0] for i in idx])
         logits = target(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
         top = logits.softmax(-1).topk(k, dim=-1)
         for r, i in enumerate(idx):
@@ -102,18 +103,8 @@ def teacher_topk(target, sequences, k: int = 32, batch_size: int = 16, progress:
     return out
 
 
-def _padded(token_lists, pad_id: int = 0):
-    """Right-padded (B, L) ids and their attention mask for a list of 1-D token tensors."""
-    L = max(len(t) for t in token_lists)
-    ids = torch.full((len(token_lists), L), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(token_lists), L, dtype=torch.long)
-    for r, tokens in enumerate(token_lists):
-        ids[r, : len(tokens)], mask[r, : len(tokens)] = tokens, 1
-    return ids, mask
-
-
 def _batch(sequences, soft, rows, pad_id: int):
-    ids, mask = _padded([sequences[i][0] for i in rows], pad_id)
+    ids, mask = padded([sequences[i][0] for i in rows], pad_id)
     L, k = ids.shape[1], soft[rows[0]][0].shape[1]
     loss_mask = torch.zeros(len(rows), L, dtype=torch.bool)  # positions whose next token is a reply token
     soft_idx = torch.zeros(len(rows), L, k, dtype=torch.long)

@@ -15,10 +15,10 @@ from collections import defaultdict
 
 import torch
 
-from .verify import outcome_distribution
-from .drafts import Drafter
-from .lm import as_language_model
-from .sampling import SamplingParams, probs_from_logits, seen_mask
+from ..core.drafter import Drafter
+from ..core.lm import as_language_model
+from ..core.verify import outcome_distribution
+from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 
 
 def _probs_after(lm, contexts: torch.Tensor, n_positions: int, sampling: SamplingParams) -> torch.Tensor:

@@ -22,46 +22,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .corpus import DEFAULT_DIR as CORPUS_DIR
+from ..core.models import EMBEDDED_TARGET, load_model
+from ..drafts.fingerprint import weights_fingerprint
+from .. import paths
+from .batching import padded
 from .corpus import load_index
-from .distill import _padded
-
-
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """A short hash of a model's configuration-relevant shapes and a strided sample of its weights: equal for
-    the same weights, different (with overwhelming probability) for any other model."""
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        flat = p.detach().flatten()
-        sample = flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().round(4)  # robust to storage dtype
-        h.update(f"{name}:{tuple(p.shape)}".encode())
-        h.update(sample.tobytes())
-    return h.hexdigest()[:16]
-
-
-def weights_probe(model: torch.nn.Module, tensors: int = 8, values: int = 32) -> list[float]:
-    """``values`` strided weights from each of ``tensors`` parameter tensors spread over the model (by name), as
-    floats: a record of which weights a head was trained on that survives a change of dtype (``same_weights``)."""
-    state = sorted(model.state_dict().items())
-    picked = state[:: max(1, len(state) // tensors)][:tensors]
-    out = []
-    for _, p in picked:
-        flat = p.detach().flatten()
-        out += flat[:: max(1, flat.numel() // values)][:values].float().cpu().tolist()
-    return out
-
-
-def same_weights(probe: list[float], model: torch.nn.Module) -> bool:
-    """Whether ``model`` has the weights ``probe`` was taken from, up to float16/bfloat16 rounding (2%)."""
-    now = weights_probe(model)
-    return len(now) == len(probe) and bool(np.allclose(now, probe, rtol=0.02, atol=1e-4))
 
 
 def features_dir(target_name: str, root: Path | None = None) -> Path:
-    from .models import cache_dir
-
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(target_name)).strip("_")[-80:]
-    return Path(root or cache_dir() / "features") / safe
+    return Path(root or paths.cache_dir() / "features") / safe
 
 
 def _meta_path(out_dir: Path) -> Path:
@@ -73,16 +43,16 @@ def feature_store(out_dir: Path, total_tokens: int, hidden_size: int, mode: str 
 
 
 @torch.inference_mode()
-def extract_features(target, corpus_dir: Path = CORPUS_DIR, out_dir: Path | None = None, target_name: str = "",
+def extract_features(target, corpus_dir: Path | None = None, out_dir: Path | None = None, target_name: str = "",
                      batch_size: int = 16, max_records: int | None = None, progress: bool = True) -> dict:
     """Write the target's last hidden state at every token of the first ``max_records`` corpus records (all by
     default) to ``out_dir``; resumes where an earlier run stopped. Returns the metadata (see ``load_features``)."""
     from tqdm.auto import tqdm
 
-    corpus_dir = Path(corpus_dir)
+    corpus_dir = Path(corpus_dir or paths.corpus_dir())
     index = load_index(corpus_dir)
     if not index:
-        raise FileNotFoundError(f"no target-made text in {corpus_dir}: run `python -m specdec_lite.corpus` first")
+        raise FileNotFoundError(f"no target-made text in {corpus_dir}: run `python -m specdec_lite.train.corpus` first")
     index = index[:max_records] if max_records else index
     out_dir = Path(out_dir or features_dir(target_name or type(target).__name__))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +76,7 @@ def extract_features(target, corpus_dir: Path = CORPUS_DIR, out_dir: Path | None
         batch = index[start: start + batch_size]
         seqs = [torch.from_numpy(tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))
                 for e in batch]
-        ids, mask = _padded(seqs)
+        ids, mask = padded(seqs)
         out = target(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                      output_hidden_states=True, logits_to_keep=1)
         feats = out.hidden_states[-1].to(torch.float16).cpu().numpy()
@@ -132,11 +102,9 @@ def load_features(out_dir: Path) -> tuple[np.memmap, dict]:
 
 
 def main(argv=None):
-    from .models import EMBEDDED_TARGET, load_model
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
-    parser.add_argument("--corpus", default=str(CORPUS_DIR))
+    parser.add_argument("--corpus", default=None, help="default: the repository's data/target_text")
     parser.add_argument("--out", default=None, help="default: the cache folder for this target")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-records", type=int, default=None)

@@ -81,7 +81,7 @@ def simulate_speedup(alpha: float, gamma: int, c: float, v: float = 1.0, rows: i
     (one draft step = c, one verification = v, one baseline step = 1): tokens / (rounds * (gamma c + v))."""
     import torch
 
-    from .decode import speculative_generate
+    from ..core.decode import speculative_generate
     from .toy import constant_alpha_pair
 
     target, draft = constant_alpha_pair(alpha)

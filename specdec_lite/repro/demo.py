@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from .decode import autoregressive_generate, speculative_generate
-from .drafts import LayerSkipDraft, NGramDraft
-from .models import EMBEDDED_TARGET, load_model
-from .sampling import SamplingParams
+from ..core.decode import autoregressive_generate, speculative_generate
+from ..core.models import EMBEDDED_TARGET, load_model
+from ..core.sampling import SamplingParams
+from ..drafts.layer_skip import LayerSkipDraft
+from ..drafts.ngram import NGramDraft
 from .tasks import chat_ids
 
 PROMPT = "Rewrite this list in alphabetical order, one per line: pear, apple, mango, cherry, banana, kiwi."

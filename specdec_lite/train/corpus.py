@@ -10,7 +10,7 @@ resource (about 100-400k tokens an hour), so it is kept compactly and every run 
     data/target_text/index.jsonl   one line per record: id, family, prompt, offset, prompt_len, gen_len,
                                    temperature, top_p, seed, target
 
-    python -m specdec_lite.corpus --budget 200000          # resumes: prompts already done are skipped
+    python -m specdec_lite.train.corpus --budget 200000          # resumes: prompts already done are skipped
 
 The training prompts are generated from templates here (``training_prompts``) and are disjoint from the
 evaluation prompts in ``data/prompts/`` (a test checks it).
@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-DEFAULT_DIR = Path(__file__).resolve().parents[1] / "data" / "target_text"
+from .. import paths
+from ..core.models import EMBEDDED_TARGET, load_model
+
 TEMPERATURES = (0.0, 0.7, 1.0)  # cycled over records: greedy text for greedy acceptance, sampled for variety
 
 _CODE_TASKS = [
@@ -124,7 +126,7 @@ def training_prompts(seed: int = 0) -> list[dict]:
     return records
 
 
-def summary_prompts(tokenizer, out_dir: Path = DEFAULT_DIR, seed: int = 0) -> list[dict]:
+def summary_prompts(tokenizer, out_dir: Path | None = None, seed: int = 0) -> list[dict]:
     """Summarization requests whose passages are the target's own stored replies to 'explain' and 'advice'
     instructions (so no outside text is needed, and none of it comes from the evaluation prompts)."""
     rng = random.Random(seed)
@@ -141,16 +143,17 @@ def summary_prompts(tokenizer, out_dir: Path = DEFAULT_DIR, seed: int = 0) -> li
     return out
 
 
-def load_index(out_dir: Path = DEFAULT_DIR) -> list[dict]:
-    path = Path(out_dir) / "index.jsonl"
+def load_index(out_dir: Path | None = None) -> list[dict]:
+    path = Path(out_dir or paths.corpus_dir()) / "index.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def load_records(out_dir: Path = DEFAULT_DIR) -> list[tuple[dict, np.ndarray]]:
+def load_records(out_dir: Path | None = None) -> list[tuple[dict, np.ndarray]]:
     """[(index entry, token ids of prompt + reply)] for every stored record (none in a new folder)."""
-    if not (Path(out_dir) / "tokens.bin").exists():
+    out_dir = Path(out_dir or paths.corpus_dir())
+    if not (out_dir / "tokens.bin").exists():
         return []
     tokens = np.fromfile(Path(out_dir) / "tokens.bin", dtype=np.uint16)
     return [(e, tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))
@@ -169,7 +172,7 @@ def _append(out_dir: Path, entries: list[dict], arrays: list[np.ndarray]) -> Non
 
 
 @torch.inference_mode()
-def generate_corpus(model, tokenizer, out_dir: Path = DEFAULT_DIR, budget_tokens: int = 100_000,
+def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens: int = 100_000,
                     batch_size: int = 16, max_new_tokens: int = 192, top_p: float = 0.95, seed: int = 0,
                     target_name: str = "smollm2-135m-instruct", progress: bool = True,
                     max_minutes: float | None = None, families=None) -> int:
@@ -180,7 +183,7 @@ def generate_corpus(model, tokenizer, out_dir: Path = DEFAULT_DIR, budget_tokens
     (``summary_prompts``)."""
     from tqdm.auto import tqdm
 
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir or paths.corpus_dir())
     out_dir.mkdir(parents=True, exist_ok=True)
     if len(tokenizer) > 65535:
         raise ValueError("token ids are stored as uint16; this tokenizer has more than 65,535 tokens")
@@ -223,11 +226,9 @@ def generate_corpus(model, tokenizer, out_dir: Path = DEFAULT_DIR, budget_tokens
 
 
 def main(argv=None):
-    from .models import EMBEDDED_TARGET, load_model
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
-    parser.add_argument("--out", default=str(DEFAULT_DIR))
+    parser.add_argument("--out", default=None, help="default: the repository's data/target_text")
     parser.add_argument("--budget", type=int, default=100_000, help="new reply tokens to write")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=192)
@@ -236,10 +237,11 @@ def main(argv=None):
     parser.add_argument("--families", nargs="+", default=None,
                         help="only these prompt families (code explain advice translate chat summarize)")
     args = parser.parse_args(argv)
+    out_dir = Path(args.out or paths.corpus_dir())
     model, tokenizer = load_model(args.target)
-    n = generate_corpus(model, tokenizer, Path(args.out), args.budget, args.batch_size, args.max_new_tokens,
+    n = generate_corpus(model, tokenizer, out_dir, args.budget, args.batch_size, args.max_new_tokens,
                         seed=args.seed, target_name=args.target, max_minutes=args.minutes, families=args.families)
-    print(f"wrote {n} reply tokens; {len(load_index(Path(args.out)))} records in {args.out}")
+    print(f"wrote {n} reply tokens; {len(load_index(out_dir))} records in {out_dir}")
 
 
 if __name__ == "__main__":

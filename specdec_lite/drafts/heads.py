@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .drafts import Drafter, draw
-from .sampling import SamplingParams, probs_from_logits, seen_mask
-from .features import same_weights, weights_fingerprint, weights_probe
-from .lm import usable_vocab_size
+from ..core.drafter import Drafter, draw
+from ..core.lm import usable_vocab_size
+from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
+from ..paths import HEAD_CONFIG, is_head_dir
+from .fingerprint import same_weights, weights_fingerprint, weights_probe
 
 
 @dataclass
@@ -365,11 +366,7 @@ def save_head(head: nn.Module, cfg: HeadConfig, vocab_ids: torch.Tensor | None, 
     if vocab_ids is not None:
         tensors["vocab_ids"] = vocab_ids.to(torch.int64).cpu().contiguous()
     save_file(tensors, str(out_dir / "head.safetensors"))
-    (out_dir / "head_config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
-
-
-def is_head_dir(path) -> bool:
-    return (Path(path) / "head_config.json").exists()
+    (out_dir / HEAD_CONFIG).write_text(json.dumps(asdict(cfg), indent=1) + "\n")
 
 
 def read_head(path) -> tuple[nn.Module, HeadConfig, torch.Tensor | None]:
@@ -379,7 +376,7 @@ def read_head(path) -> tuple[nn.Module, HeadConfig, torch.Tensor | None]:
     path = Path(path)
     if not is_head_dir(path):
         raise FileNotFoundError(f"no head checkpoint (head_config.json) in {path}")
-    cfg = HeadConfig(**json.loads((path / "head_config.json").read_text()))
+    cfg = HeadConfig(**json.loads((path / HEAD_CONFIG).read_text()))
     tensors = load_file(str(path / "head.safetensors"))
     vocab_ids = tensors.pop("vocab_ids", None)
     head = build_head(cfg)

@@ -26,10 +26,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .corpus import DEFAULT_DIR as CORPUS_DIR
+from ..drafts.heads import HeadConfig, OutputLayer, build_head, parameter_count, read_head, save_head
+from ..paths import HEAD_CONFIG
+from .batching import padded
 from .corpus import load_records
-from .distill import _padded, finish_card, frequent_tokens, warmup_cosine
-from .heads import HeadConfig, OutputLayer, build_head, parameter_count, read_head, save_head
+from .draft import finish_card, frequent_tokens, warmup_cosine
+from .features import load_features
 
 
 @dataclass
@@ -66,7 +68,7 @@ class FeatureDataset:
 
     def batch(self, rows):
         """(ids (B, L), features (B, L, H) float32, valid (B, L) bool, reply_start (B,))."""
-        ids, valid = _padded([self.items[i][0] for i in rows])
+        ids, valid = padded([self.items[i][0] for i in rows])
         H = self.items[rows[0]][1].shape[1]
         feats = torch.zeros(len(rows), ids.shape[1], H)
         for r, i in enumerate(rows):
@@ -155,7 +157,7 @@ class HeadTrainer:
     def _resume(self):
         """Full resume from ``training_state.pt`` (float32 head, optimizer, log; kept out of git), else a warm
         start from a committed checkpoint (float16 head and its log; the optimizer's moments start afresh)."""
-        if not (self.out_dir / "head_config.json").exists():
+        if not (self.out_dir / HEAD_CONFIG).exists():
             return
         head, cfg, vocab_ids = read_head(self.out_dir)
         if cfg.kind != self.head_cfg.kind or cfg.target_fingerprint != self.head_cfg.target_fingerprint:
@@ -236,10 +238,9 @@ class HeadTrainer:
 
 def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_records: int | None = None):
     """The corpus records that have features (the first ``records_done`` of the index)."""
-    from .features import load_features
 
     features, meta = load_features(features_dir)
-    records = load_records(corpus_dir or CORPUS_DIR)[: meta["records_done"]]
+    records = load_records(corpus_dir)[: meta["records_done"]]
     return FeatureDataset(records[:max_records] if max_records else records, features, cfg), meta
 
 

@@ -17,9 +17,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .decode import autoregressive_generate, speculative_generate
-from .sampling import SamplingParams
-from .tasks import chat_ids
+from ..core.decode import autoregressive_generate, speculative_generate
+from ..core.models import EMBEDDED_TARGET, load_model
+from ..core.sampling import SamplingParams
+from ..drafts.loading import load_draft
+from ..paths import prompts_dir
+from .report import to_markdown
+from .tasks import chat_ids, first_per_task, load_prompts
 
 
 def acceptance_by_position(accepted_lengths, gamma: int, proposed=None) -> np.ndarray:
@@ -109,29 +113,17 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([per_task, overall], ignore_index=True)
 
 
-def to_markdown(df: pd.DataFrame, digits: int = 3) -> str:
-    """A GitHub markdown table (no extra dependency)."""
-    def cell(v):
-        return f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else str(v)
-    header = "| " + " | ".join(map(str, df.columns)) + " |"
-    rule = "| " + " | ".join("---" for _ in df.columns) + " |"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([header, rule, *body])
-
-
 DEFAULT_DRAFTS = ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-medusa", "n-gram", "layer-skip")
 
 
 def main(argv=None):
     """python -m specdec_lite.evaluate: every draft kind against the baseline on the evaluation prompts."""
-    from .models import EMBEDDED_TARGET, load_draft, load_model
-    from .tasks import PROMPTS_DIR, first_per_task, load_prompts
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
     parser.add_argument("--drafts", nargs="+", default=list(DEFAULT_DRAFTS),
                         help="draft names, ids or folders (models, heads), or n-gram / layer-skip")
-    parser.add_argument("--prompts", default=str(PROMPTS_DIR))
+    parser.add_argument("--prompts", default=str(prompts_dir()))
     parser.add_argument("--prompts-per-task", type=int, default=5)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--gamma", type=int, default=4)

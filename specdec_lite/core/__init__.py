@@ -1,0 +1,10 @@
+"""The thin core: everything the speculative loop needs, and nothing else.
+
+  sampling    logits -> p or q under one SamplingParams (temperature, top-k, top-p, repetition penalty)
+  verify      exact rejection sampling and greedy verification, pure functions
+  lm          the model-wrapper protocol (feed / crop / cache_lengths) and the Hugging Face wrapper
+  drafter     the drafter protocol (begin / propose / observe / rollback) and the independent draft model
+  tokenizers  refusing a draft whose tokenizer differs from the target's
+  decode      the loop, top to bottom, and the autoregressive baseline
+  models      loading a model by package name, Hugging Face id or local path
+"""

@@ -1,0 +1,92 @@
+"""Draft proposers behind one interface.
+
+``begin(input_ids)`` prepares for a new prompt; ``propose(seq, lengths, gamma, sampling, generator)`` returns
+``(tokens (B, k), q)`` with k <= gamma and q (B, k, V) the distribution each token was drawn from, or None for
+point-mass drafts; ``rollback(kept)`` tells the drafter that row b's context is now ``seq[b, :kept[b] + 1]`` and
+that its cache may keep at most the first ``kept[b]`` tokens (the newest token has not been fed to anyone).
+
+``seq`` (B, T) is the loop's token buffer; row b is valid up to ``lengths[b]``.
+
+Feature-level drafts (``drafts/heads.py``) set ``uses_target_features``; the loop then also calls
+``observe(hidden, first_position)`` after each target forward with the target's last hidden states (B, n, H) of
+the positions it fed, ``first_position`` onwards. The rollback that follows says which of them were kept.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .lm import as_language_model, feed_unseen, is_language_model
+from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
+
+
+class Drafter:
+    """Base class: a draft that proposes nothing (every round is then a plain target step)."""
+
+    vocab_size: int | None = None
+    uses_target_features = False
+
+    def begin(self, input_ids: torch.Tensor) -> None:
+        pass
+
+    def observe(self, hidden: torch.Tensor, first_position: int) -> None:
+        pass
+
+    def propose(self, seq, lengths, gamma, sampling, generator):
+        return seq.new_zeros(seq.shape[0], 0), None
+
+    def rollback(self, kept: torch.Tensor) -> None:
+        pass
+
+
+def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generator):
+    """One draft token per row from next-token logits (B, V), after the tokens ``drafted`` so far this round:
+    (token (B,), the distribution q (B, V) it was drawn from, under the same sampling settings as the target)."""
+    seen = None
+    if sampling.repetition_penalty != 1.0:
+        so_far = torch.stack(drafted, 1) if drafted else seq.new_zeros(seq.shape[0], 0)
+        seen = seen_mask(seq, lengths, so_far, logits.shape[-1])[:, -1]
+    q = probs_from_logits(logits, sampling, seen)
+    # greedy q is one-hot: its argmax is the draw, without a multinomial over the whole vocabulary
+    return (q.argmax(-1) if sampling.greedy else sample(q, generator)), q
+
+
+class ModelDraft(Drafter):
+    """An independent draft model with its own KV cache: samples gamma tokens autoregressively from q."""
+
+    def __init__(self, model):
+        self.lm = as_language_model(model)
+        self.vocab_size = self.lm.vocab_size
+
+    def begin(self, input_ids: torch.Tensor) -> None:
+        self.lm.reset(input_ids.shape[0])
+
+    def propose(self, seq, lengths, gamma, sampling: SamplingParams, generator):
+        # catch up on what the cache has not seen: the prompt in the first round (the prefill), then 1 token
+        # after a rejection or 2 after a full acceptance
+        logits = feed_unseen(self.lm, seq, lengths, num_logits=1)[:, -1]  # (B, V)
+        tokens, qs = [], []
+        for i in range(gamma):
+            x_i, q_i = draw(logits, seq, lengths, tokens, sampling, generator)
+            tokens.append(x_i)
+            qs.append(q_i)
+            if i < gamma - 1:
+                logits = self.lm.feed(x_i[:, None])[:, -1]
+        return torch.stack(tokens, 1), torch.stack(qs, 1)
+
+    def rollback(self, kept: torch.Tensor) -> None:
+        have = self.lm.cache_lengths()
+        self.lm.crop(torch.minimum(have, kept.to(have.device)))
+
+
+def as_drafter(draft, target=None) -> Drafter:
+    """Drafter objects pass through; models (Hugging Face or toy) become a ``ModelDraft``. A wrapper object
+    given as both target and draft is copied, so that each role has its own cache."""
+    if isinstance(draft, Drafter):
+        return draft
+    if is_language_model(draft) and draft is target:
+        return ModelDraft(copy.copy(draft))
+    if is_language_model(draft) or isinstance(draft, torch.nn.Module):
+        return ModelDraft(draft)
+    raise TypeError(f"draft must be a Hugging Face causal LM, a toy model or a Drafter, got {type(draft).__name__}")

@@ -1,0 +1,31 @@
+"""Tokenizer compatibility: a draft must map text to the same ids as the target, or q(x)/p(x) compares
+different tokens."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+
+
+@functools.lru_cache(maxsize=16)
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of the token -> id map and the special tokens: equal fingerprints mean interchangeable ids."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    special = sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())
+    return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()[:16]
+
+
+def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
+    """Refuse a pair whose tokenizers map text to different ids: q(x)/p(x) would compare different tokens."""
+    if target_tokenizer is draft_tokenizer or \
+            tokenizer_fingerprint(target_tokenizer) == tokenizer_fingerprint(draft_tokenizer):
+        return
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
+        raise ValueError(
+            f"the draft's tokenizer differs from the target's ({len(d_vocab)} vs {len(t_vocab)} tokens, "
+            f"{differing} token/id pairs differ): speculative decoding needs a draft that shares the target's "
+            "tokenizer; pick a draft from the same model family or train one with the target's tokenizer")
+    raise ValueError("the draft's tokenizer has different special tokens from the target's; use the target's "
+                     "tokenizer for both")

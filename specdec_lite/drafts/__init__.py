@@ -1,0 +1,8 @@
+"""Draft kinds beyond an independent draft model (which lives in ``core.drafter``).
+
+  ngram        prompt lookup: a point-mass draft, no model
+  layer_skip   the target's own layers, a subset of them (self-speculation)
+  heads        feature-level drafts on the target's hidden states: an EAGLE-style head and Medusa heads
+  fingerprint  which target a head was trained on
+  loading      any draft kind by name; a (target, draft, tokenizer) pair in one call
+"""

@@ -1,0 +1,79 @@
+"""Where things are on disk: the one module that knows the folders the package reads and writes.
+
+Shipped data (the trained drafts and heads, the evaluation prompts) is found, in this order:
+  1. ``$SPECDEC_LITE_DATA``, a folder laid out like the repository's ``data/`` (``drafts/``, ``prompts/``);
+  2. the copy installed with the package (``pip install .`` puts ``data/drafts`` and ``data/prompts`` under
+     ``specdec_lite/shipped/``);
+  3. the repository's ``data/`` folder, for a source checkout or an editable install.
+
+Everything the reproduction writes (target-made text, results CSVs, figures) lives in the repository checkout
+(``repo_root()``); model conversions and features go to the cache, ``$SPECDEC_LITE_CACHE`` or
+``~/.cache/specdec_lite``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DATA_ENV = "SPECDEC_LITE_DATA"
+CACHE_ENV = "SPECDEC_LITE_CACHE"
+HEAD_CONFIG = "head_config.json"  # the file that marks a folder as a feature-level head (see drafts.heads)
+
+_PACKAGE = Path(__file__).resolve().parent
+_INSTALLED_DATA = _PACKAGE / "shipped"
+_CHECKOUT = _PACKAGE.parent
+
+
+def data_dir() -> Path:
+    """The folder holding ``drafts/`` and ``prompts/`` (see the module docstring for the order)."""
+    if os.environ.get(DATA_ENV):
+        path = Path(os.environ[DATA_ENV]).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"${DATA_ENV} points to {path}, which is not a folder; unset it or point it "
+                                    "to a folder with drafts/ and prompts/")
+        return path
+    if _INSTALLED_DATA.is_dir():
+        return _INSTALLED_DATA
+    return _CHECKOUT / "data"
+
+
+def drafts_dir() -> Path:
+    """Shipped drafts and heads, one folder each."""
+    return data_dir() / "drafts"
+
+
+def prompts_dir() -> Path:
+    """Shipped evaluation prompts, one JSONL file per task."""
+    return data_dir() / "prompts"
+
+
+def repo_root() -> Path:
+    """The repository checkout this package runs from; the reproduction (notebooks, corpus, results) needs it."""
+    if not (_CHECKOUT / "notebooks").is_dir():
+        raise FileNotFoundError(f"{_CHECKOUT} is not a specdec_lite checkout: the reproduction (target-made text, "
+                                "results, figures) runs from a clone of the repository, installed with `make`")
+    return _CHECKOUT
+
+
+def corpus_dir() -> Path:
+    """Target-made training text (``tokens.bin``, ``index.jsonl``)."""
+    return repo_root() / "data" / "target_text"
+
+
+def results_dir() -> Path:
+    """The CSVs the notebooks write."""
+    return repo_root() / "data" / "results"
+
+
+def figures_dir() -> Path:
+    return repo_root() / "figures"
+
+
+def cache_dir() -> Path:
+    """Converted models and extracted features: ``$SPECDEC_LITE_CACHE`` or ``~/.cache/specdec_lite``."""
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "specdec_lite")).expanduser()
+
+
+def is_head_dir(path) -> bool:
+    """Whether ``path`` is a folder holding a feature-level head (rather than a model)."""
+    return (Path(path) / HEAD_CONFIG).exists()

@@ -1,0 +1,8 @@
+"""Training the drafts the package ships (not needed to run the loop).
+
+  corpus     text written by the target itself, stored compactly and appended to
+  features   the target's last hidden states over that text, by teacher forcing
+  batching   padded batches for teacher forcing and training
+  draft      the standalone draft model, distilled from the target's top-k soft labels
+  heads      the EAGLE-style head and the Medusa heads, trained on the features
+"""

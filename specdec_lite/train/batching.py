@@ -1,0 +1,14 @@
+"""Right-padded batches of token sequences, for teacher forcing and training."""
+from __future__ import annotations
+
+import torch
+
+
+def padded(token_lists, pad_id: int = 0):
+    """Right-padded (B, L) ids and their attention mask for a list of 1-D token tensors."""
+    L = max(len(t) for t in token_lists)
+    ids = torch.full((len(token_lists), L), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(token_lists), L, dtype=torch.long)
+    for r, tokens in enumerate(token_lists):
+        ids[r, : len(tokens)], mask[r, : len(tokens)] = tokens, 1
+    return ids, mask
