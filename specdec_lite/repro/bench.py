@@ -1,6 +1,6 @@
 """Timing harness: ours against transformers, side by side, in one run.
 
-    python -m specdec_lite.bench [--device cpu] [--max-new-tokens 64] [--repeats 3] [--gamma 4]
+    python -m specdec_lite.repro.bench [--device cpu] [--max-new-tokens 64] [--repeats 3] [--gamma 4]
 
 Three comparisons on the embedded target, greedy, each on the same prompts in alternating order:
   1. our autoregressive baseline vs transformers' ``generate``;
@@ -37,12 +37,13 @@ BENCH_PROMPTS = [
 GREEDY = SamplingParams(temperature=0)
 
 
-def timed(fn, device):
-    """(result, seconds) with CUDA synchronized around the call."""
-    clock = Clock(device)
-    start = clock.now()
+def timed(fn, device, clock=None):
+    """(result, seconds) with CUDA synchronized around the call. ``clock``: a function returning seconds (tests
+    pass a fake one); by default the device's ``Clock``."""
+    now = clock or Clock(device).now
+    start = now()
     result = fn()
-    return result, clock.now() - start
+    return result, now() - start
 
 
 def summarize(times: dict, tokens: dict) -> pd.DataFrame:
@@ -121,10 +122,15 @@ def run(device="auto", max_new_tokens=64, repeats=3, gamma=4, exit_layer=10) -> 
 
 
 def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), repeats: int = 9,
-                    vocab_size: int | None = None, batch_size: int = 1) -> dict:
+                    vocab_size: int | None = None, batch_size: int = 1, clock=None) -> dict:
     """Median wall time of one forward over k new tokens (per row, ``batch_size`` rows) on a warm KV cache of
     ``context_len`` tokens, for each k: {k: seconds}. The cache is rolled back after each timed forward, so
-    every repeat sees the same state."""
+    every repeat sees the same state. Each k gets one untimed warm-up forward, then ``repeats`` timed ones.
+    ``clock``: a function returning seconds (default: the device's clock, CUDA synchronized)."""
+    if repeats < 1 or context_len < 1 or batch_size < 1:
+        raise ValueError(f"need repeats, context_len and batch_size >= 1, got {repeats}, {context_len}, {batch_size}")
+    if not new_tokens or min(new_tokens) < 1:
+        raise ValueError(f"new_tokens must be a non-empty list of counts >= 1, got {new_tokens}")
 
     lm = HFCausalLM(model, vocab_size=vocab_size)
     device = lm.device
@@ -138,7 +144,7 @@ def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), re
         tokens = torch.randint(0, lm.vocab_size, (batch_size, k), generator=g).to(device)
         times = []
         for r in range(repeats + 1):  # the first is a warm-up
-            _, seconds = timed(lambda: lm.feed(tokens), device)
+            _, seconds = timed(lambda: lm.feed(tokens), device, clock)
             lm.crop(keep)
             if r:
                 times.append(seconds)

@@ -1,9 +1,11 @@
-"""A short demonstration on the embedded target: `python -m specdec_lite.demo`.
+"""A short demonstration on the embedded target: ``python -m specdec_lite.repro.demo``.
 
 Prints one speculative generation per draft kind that needs no training (n-gram prompt lookup, layer skip),
 its statistics, and checks it against the autoregressive baseline (greedy: identical tokens).
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 
@@ -40,5 +42,13 @@ def main(max_new_tokens: int = 64, gamma: int = 4) -> None:
                   f"baseline: {same}\n")
 
 
+def cli(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
+    args = parser.parse_args(argv)
+    main(args.max_new_tokens, args.gamma)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

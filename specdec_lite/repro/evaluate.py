@@ -117,7 +117,7 @@ DEFAULT_DRAFTS = ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-medu
 
 
 def main(argv=None):
-    """python -m specdec_lite.evaluate: every draft kind against the baseline on the evaluation prompts."""
+    """python -m specdec_lite.repro.evaluate: every draft kind against the baseline on the evaluation prompts."""
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--target", default=EMBEDDED_TARGET)

@@ -7,7 +7,7 @@ logits). They are stored as float16, one row per token, aligned with ``tokens.bi
 cache folder (about 1.2 kB a token: 580 MB for the 500k tokens of the shipped corpus; too big to commit,
 remade in about 15 minutes):
 
-    python -m specdec_lite.features              # resumes: records already done are skipped
+    python -m specdec_lite.train.features              # resumes: records already done are skipped
 
 A fingerprint of the target's weights is stored beside them, so features of another model are never mixed in.
 """
@@ -96,7 +96,7 @@ def load_features(out_dir: Path) -> tuple[np.memmap, dict]:
     ``meta['records_done']`` records of the corpus index are filled."""
     out_dir = Path(out_dir)
     if not _meta_path(out_dir).exists():
-        raise FileNotFoundError(f"no features in {out_dir}: run `python -m specdec_lite.features` first")
+        raise FileNotFoundError(f"no features in {out_dir}: run `python -m specdec_lite.train.features` first")
     meta = json.loads(_meta_path(out_dir).read_text())
     return feature_store(out_dir, meta["tokens"], meta["hidden_size"]), meta
 

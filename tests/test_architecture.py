@@ -1,0 +1,136 @@
+"""The package's shape: layers that import only downwards, no import cycles, a light top-level import, no
+borrowed private names, data found through one module, clean command-line entry points."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "specdec_lite"
+# each layer may import itself and the layers before it
+LAYERS = ["paths", "core", "drafts", "repro", "train"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def resolve(node: ast.ImportFrom, current: str, is_package: bool) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = current.split(".") if is_package else current.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(name: str, path: Path, known: dict) -> list[tuple[str, str]]:
+    """(imported module, imported name or '') for every import of this package's modules in ``path``."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, "") for a in node.names if a.name.startswith("specdec_lite")]
+        elif isinstance(node, ast.ImportFrom):
+            target = resolve(node, name, path.name == "__init__.py")
+            if not target.startswith("specdec_lite"):
+                continue
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                found.append((submodule, "") if submodule in known else (target, alias.name))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: {m for m, _ in imports_of(name, path, known) if m in known and m != name}
+            for name, path in known.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_import_graph_is_acyclic():
+    graph = import_graph()
+    assert len(graph) > 30 and graph["specdec_lite.core.decode"]  # the graph is really built
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_layers_import_only_downwards():
+    wrong = [(a, b) for a, targets in import_graph().items() for b in targets
+             if layer(a) is not None and layer(b) is not None and layer(b) > layer(a)]
+    assert not wrong, wrong
+
+
+def test_no_module_imports_another_modules_private_names():
+    known = modules()
+    borrowed = [(name, target, imported) for name, path in known.items()
+                for target, imported in imports_of(name, path, known) if imported.startswith("_")]
+    assert not borrowed, borrowed
+
+
+def test_only_paths_knows_where_files_are():
+    users = [name for name, path in modules().items() if "__file__" in path.read_text()]
+    assert users == ["specdec_lite.paths"], users
+
+
+def test_import_specdec_lite_is_light():
+    code = ("import sys, specdec_lite; "
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('pandas', 'scipy', 'seaborn', 'matplotlib', 'papermill', 'specdec_lite'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "specdec_lite.core.decode" in loaded  # the probe sees the package's modules
+    heavy = [m for m in loaded if not m.startswith("specdec_lite")]
+    assert not heavy, heavy
+    extra = [m for m in loaded if m.startswith(("specdec_lite.train", "specdec_lite.repro.notebook",
+                                                "specdec_lite.repro.evaluate", "specdec_lite.repro.claims"))]
+    assert not extra, extra
+
+
+def entry_points() -> list[str]:
+    return [name for name, path in modules().items() if 'if __name__ == "__main__"' in path.read_text()]
+
+
+def test_entry_points_are_the_documented_ones():
+    assert set(entry_points()) == {"specdec_lite.repro.demo", "specdec_lite.repro.bench", "specdec_lite.repro.evaluate",
+                                   "specdec_lite.train.corpus", "specdec_lite.train.features"}
+
+
+@pytest.mark.parametrize("module", sorted(entry_points()))
+def test_entry_point_runs_without_warnings(module):
+    run = subprocess.run([sys.executable, "-W", "error", "-m", module, "--help"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "usage:" in run.stdout and "Warning" not in run.stderr, run.stderr
