@@ -8,7 +8,7 @@ from conftest import tiny_llama
 
 def test_training_prompts_are_many_unique_and_stable():
     prompts = corpus.training_prompts()
-    assert len(prompts) > 2000  # more than a few sessions of generation
+    assert len(prompts) > 2000  # the shipped corpus: hours of target generation
     assert len({p["id"] for p in prompts}) == len(prompts) == len({p["prompt"] for p in prompts})
     assert prompts == corpus.training_prompts()  # same seed, same order
     assert {p["family"] for p in prompts} == {"code", "explain", "advice", "translate", "chat"}

@@ -1,4 +1,4 @@
-"""Invariant 1, lossless: exact enumeration and Monte Carlo through the real loop, and the mutation check.
+"""Lossless: exact enumeration and Monte Carlo through the real loop, and the mutation check.
 
 Statistical design (Monte Carlo): N = 200,000 independent runs of ``speculative_generate`` (one batch, the very
 loop real models run, on toy Markov models), the joint law of the first 3 emitted tokens (gamma = 2, so the

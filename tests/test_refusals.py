@@ -1,4 +1,4 @@
-"""Invariant 5: bad input is refused with a message that says what to do, before any work starts."""
+"""Clear refusals: bad input is refused with a message that says what to do, before any work starts."""
 import pytest
 import torch
 from tokenizers import Tokenizer, models

@@ -1,5 +1,5 @@
 """One small protocol every model is wrapped in, so toy models, tiny random models and real models run the
-same loop (invariant 4):
+same loop:
 
 - ``reset(batch_size)``: empty cache;
 - ``feed(tokens, num_logits=None)``: append tokens (B, n) to the cache, return next-token logits (B, n, V) for the

@@ -81,7 +81,7 @@ _VERBS = ["is reading a book", "went to the market", "will visit Paris next summ
           "is waiting for the bus", "bought a new bicycle", "wrote a letter", "is sleeping in the garden"]
 _WHEN = ["", " yesterday", " every morning", " on Sunday", " after work", " this evening"]
 _TARGET_LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese"]
-# conversational requests (added in the second session: the first corpus had few of them)
+# conversational requests
 _SITUATIONS = [
     "I started a new job last week", "my roommate never cleans the kitchen", "I can't fall asleep before 2 am",
     "I want to eat healthier but I love snacks", "my team at work ignores my ideas", "I have an exam on Friday",
