@@ -8,7 +8,8 @@ Notation (Leviathan et al. 2023), never inverted anywhere in this package:
   c      cost of one draft step / cost of one target step
   v      cost of the target's forward over gamma+1 tokens / cost of one decode step
 An "accepted length" counts the tokens a round emits including the corrected or bonus token (so it is >= 1).
-Some of the source articles (docs/SOURCES.md) swap p and q; this code never does.
+Some of the source articles (docs/SOURCES.md) swap p and q; this code never does. The claims the
+reproduction checks are listed in docs/CLAIMS.md, the measurements in docs/RESULTS.md.
 
 Layout (each layer imports only the ones above it):
   paths     where shipped data, results and caches live

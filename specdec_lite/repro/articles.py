@@ -1,13 +1,13 @@
 """Faithful re-implementations of the source articles' own listings, labelled as such, to test them as
-published (claims C3 and C22). Written for this project from the articles' descriptions of their code; they
-keep the articles' logic, including its slips, and are NOT used by the package itself.
+published (claims C3 and C22 of docs/CLAIMS.md). Written for this project from the articles' descriptions of
+their code; they keep the articles' logic, including its slips, and are NOT used by the package itself.
 
-- article 000 (``../shared/seeds/000_*.txt``): a pure-Python verifier and loop on a 7-token two-state toy
+- article 000 (see docs/SOURCES.md): a pure-Python verifier and loop on a 7-token two-state toy
   model. The article names the draft p and the target q (the reverse of this package). Its loop hands the
   verifier the target's first gamma distributions only (``q[:-1]``), and the verifier draws the bonus token from
   the last distribution it was given: the bonus comes from the distribution of position gamma, conditioned
   on the wrong prefix, instead of position gamma+1.
-- article 004 (``../shared/seeds/004_*.txt``): a numpy demo on a 5-token Dirichlet Markov model. It emits no
+- article 004 (see docs/SOURCES.md): a numpy demo on a 5-token Dirichlet Markov model. It emits no
   bonus token after a fully accepted block, and checks losslessness by comparing transition-frequency errors.
 """
 from __future__ import annotations

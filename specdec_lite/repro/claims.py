@@ -1,6 +1,10 @@
-"""Claim rows: each notebook ends with the claims it checked (C1..C22 of ../shared/CLAIMS.md), the article's
-figure, ours, a verdict computed from the measurement with a stated tolerance, and a one-line reason.
-Rows are written to ``data/results/claims_<notebook>.csv``; ``04_claims`` gathers them."""
+"""Claim rows: the claims C1..C22 (listed in docs/CLAIMS.md, their sources in docs/SOURCES.md) and their verdicts.
+
+Each notebook ends with the claims it checked: the article's figure, ours, a verdict computed from the
+measurement with a stated tolerance, and a one-line reason. Rows are written to
+``data/results/claims_<notebook>.csv``; ``04_claims`` gathers them into ``claims.csv`` (one verdict per claim)
+and ``report.write_results`` turns the CSVs into docs/RESULTS.md.
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -11,6 +15,54 @@ import pandas as pd
 from .. import paths
 
 VERDICTS = ("reproduces", "differs", "not testable here")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the source articles, in short (docs/CLAIMS.md has the longer wording)."""
+
+    id: str  # C1..C22
+    articles: str  # source article ids, e.g. "000, 002"
+    statement: str  # what the article asserts, in short
+    notebook: str  # the notebook that checks it
+
+
+_N01, _N02, _N03 = "01_unbiasedness", "02_speedup_table", "03_task_acceptance"
+CLAIMS: dict[str, Claim] = {c.id: c for c in [
+    Claim("C1", "000, 002, 004", "speculative sampling leaves the output law exactly the target's, whatever the draft",
+          _N01),
+    Claim("C2", "000", "the chance of accepting a drafted token is the overlap sum_x min(p(x), q(x))", _N01),
+    Claim("C3", "000", "on article 000's 7-token toy model, 200k speculative samples match 200k direct ones "
+          "(its KL and maximum-deviation figures); is its listing itself unbiased?", _N01),
+    Claim("C4", "000", "a round emits at least 1 and at most gamma + 1 tokens", _N01),
+    Claim("C5", "000", "the formulas for E[N] and the speedup, and the article's 4x4 speedup table", _N02),
+    Claim("C6", "000", "alpha 0.5 -> 0.8 doubles the speedup; an optimal gamma exists (5-6 at c = 0.1); a cheaper "
+          "draft gives steeper gains", _N02),
+    Claim("C7", "004", "as gamma grows without bound, E[N] approaches alpha / (1 - alpha)", _N02),
+    Claim("C8", "002", "K = 4 at acceptance 0.8: mean accepted length 3.2, speedup about 2.3 (draft at 1/10 of the "
+          "target's cost) or 1.8 (at 1/5)", _N02),
+    Claim("C9", "002", "the customer-service example (200 tokens, K = 8): about 3.7x at acceptance 0.7, 1.3x at 0.3",
+          _N02),
+    Claim("C10", "002", "a draft at 1/20 of the target's cost pays off from acceptance 0.2; at 1/5 it needs more "
+          "than 0.5", _N02),
+    Claim("C11", "003", "per-task acceptance and speedup on an A100 (code, summarization, dialogue, translation): "
+          "the more predictable the output, the higher the acceptance", _N03),
+    Claim("C12", "003", "80% of 4 drafted tokens accepted gives about 3x", _N02),
+    Claim("C13", "000", "below acceptance 0.6 speculation is not worth enabling; gamma 4-6 is the sweet spot", _N02),
+    Claim("C14", "000, 003", "short outputs (a few dozen tokens) gain almost nothing", _N03),
+    Claim("C15", "000, 002, 003", "at large batch the gain shrinks or reverses (compute-bound)", _N03),
+    Claim("C16", "000", "mismatched sampling settings cut acceptance; penalties break unbiasedness unless handled",
+          _N01),
+    Claim("C17", "002", "truncating the target to its top-k for verification breaks exactness", _N01),
+    Claim("C18", "002", "later positions are harder to predict: acceptance falls along long outputs", _N03),
+    Claim("C19", "000, 002, 003", "one target forward over gamma + 1 tokens costs about one decode step", _N02),
+    Claim("C20", "000", "batch-1 decoding is memory-bound: the per-token floor is weight bytes over memory bandwidth "
+          "(7B fp16: about 7 ms on an A100, 4.2 ms on an H100)", _N02),
+    Claim("C21", "000, 002", "published speedups: Leviathan et al., Medusa, EAGLE, DeepSeek MTP, vLLM in production",
+          _N03),
+    Claim("C22", "004", "the article's demo shows losslessness by speculative error <= 3 x direct error", _N01),
+]}
+ALL_CLAIMS = list(CLAIMS)
 
 
 @dataclass
@@ -40,18 +92,17 @@ def write_claims(rows: list[ClaimRow], name: str, results_dir: Path | None = Non
     return frame
 
 
-ALL_CLAIMS = [f"C{i}" for i in range(1, 23)]
-# C21 lists other papers' published numbers: nothing here can measure them (CLAIMS.md: cite only).
+# C21 lists other papers' published numbers: nothing here can measure them (docs/CLAIMS.md: cite only).
 C21 = ClaimRow("C21", "000, 002", "published: Leviathan 2-2.5x (T5-XXL), Medusa 2.3-3.6x, EAGLE 3-4x, DeepSeek MTP "
                "1.8-2.1x, vLLM 1.7-2.2x", "cited only", "not testable here",
                "needs those models and GPUs; our own measured speedups are in 02 and 03")
-README_START, README_END = "<!-- claims:start -->", "<!-- claims:end -->"
 
 
 def gather(results_dir: Path | None = None) -> pd.DataFrame:
     """One row per claim C1..C22 from every notebook's claims_*.csv. A claim checked in several places is
     'reproduces' only if every check reproduces; a claim no notebook checked is 'not testable here'."""
-    frames = [pd.read_csv(p, dtype=str, keep_default_na=False) for p in sorted(Path(results_dir or paths.results_dir()).glob("claims_*.csv"))]
+    frames = [pd.read_csv(p, dtype=str, keep_default_na=False)
+              for p in sorted(Path(results_dir or paths.results_dir()).glob("claims_*.csv"))]
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(ClaimRow.__annotations__))
     out = []
     for claim in ALL_CLAIMS:
@@ -68,22 +119,3 @@ def gather(results_dir: Path | None = None) -> pd.DataFrame:
                         "expected": found.expected.iloc[0], "measured": " | ".join(found.measured),
                         "verdict": overall, "reason": " | ".join(found.reason)})
     return pd.DataFrame(out)
-
-
-def readme_section(table: pd.DataFrame) -> str:
-    lines = [README_START, "| claim | article | expected | measured here | verdict | why |", "| --- | --- | --- | --- | --- | --- |"]
-    for r in table.itertuples(index=False):
-        cells = [str(v).replace("|", "/").replace("\n", " ") for v in
-                 (r.claim, r.source, r.expected, r.measured, f"**{r.verdict}**", r.reason)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + [README_END])
-
-
-def update_readme(readme: Path, table: pd.DataFrame) -> None:
-    """Replace the README's claims section (between the markers) with the table."""
-    text = Path(readme).read_text()
-    if README_START not in text or README_END not in text:
-        raise ValueError(f"{readme} has no claims section: add the lines {README_START} and {README_END}")
-    head, rest = text.split(README_START, 1)
-    tail = rest.split(README_END, 1)[1]
-    Path(readme).write_text(head + readme_section(table) + tail)

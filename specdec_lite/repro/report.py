@@ -1,15 +1,380 @@
-"""Tables for people: markdown renderings of result frames."""
+"""Tables for people, and the results document.
+
+``to_markdown`` renders a result frame as a GitHub table. ``write_results(results_dir, out_path)`` writes
+docs/RESULTS.md from the CSVs the notebooks leave in ``data/results/``: where it was measured, one verdict per
+claim (C1..C22, see docs/CLAIMS.md), each notebook's checks, the per-task tables, a short analysis computed from
+those tables, any other CSV found there, and the figures. Every number in the document comes from a CSV (or,
+for the "where measured" table, from the installed versions read when it is generated); a CSV that is missing
+gives an explicit "not measured yet" line instead of its section.
+
+    python -m specdec_lite.repro.report [--results data/results] [--out docs/RESULTS.md]
+"""
 from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from .. import paths
+from . import claims as claims_mod
+from . import theory
+
+RESULTS_DOC = Path("docs") / "RESULTS.md"  # relative to the repository root
+NOT_MEASURED = "not measured yet"
+VERDICT_NOT_MEASURED = "not measured yet"
+SUMMARY_CSV, RUNS_CSV, CLAIMS_CSV = "task_acceptance_summary.csv", "task_acceptance_runs.csv", "claims.csv"
+TASK_ORDER = ("code", "summarization", "dialogue", "translation")
+OVERALL = "overall (median)"
 
 
 def to_markdown(df: pd.DataFrame, digits: int = 3) -> str:
     """A GitHub markdown table (no extra dependency)."""
     def cell(v):
-        return f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else str(v)
+        if isinstance(v, (float, np.floating)):
+            return "" if math.isnan(v) else f"{v:.{digits}f}"
+        return str(v).replace("|", "\\|").replace("\n", " ")
     header = "| " + " | ".join(map(str, df.columns)) + " |"
     rule = "| " + " | ".join("---" for _ in df.columns) + " |"
     body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([header, rule, *body])
+
+
+@dataclass(frozen=True)
+class Figure:
+    file: str  # under figures/
+    notebook: str  # the notebook that draws it
+    shows: str
+    dtype: str  # the arithmetic behind it
+
+
+FIGURES = [
+    Figure("unbiasedness_pvalues.png", "01_unbiasedness", "chi-square p-value of the loop's output against the exact "
+           "target law, for the correct verifier and the broken ones, and the deviation against sample size",
+           "float64 (toy Markov models)"),
+    Figure("speedup_heatmap.png", "02_speedup_table", "expected speedup over alpha and gamma",
+           "float64 (the formula)"),
+    Figure("break_even.png", "02_speedup_table", "break-even alpha against the draft's cost c",
+           "float64 (the formula)"),
+    Figure("predicted_vs_measured_speedup.png", "02_speedup_table", "speedup predicted from measured alpha, c and "
+           "v(gamma) against the measured one, on the embedded pair", "float32 (real models)"),
+    Figure("task_acceptance.png", "03_task_acceptance", "acceptance and speedup per task and per draft kind",
+           "float32 (real models)"),
+    Figure("acceptance_by_position.png", "03_task_acceptance", "acceptance by draft position and along the output",
+           "float32 (real models)"),
+    Figure("draft_training_loss.png", "00_train_draft", "the standalone draft's training curve",
+           "float32 training (weights shipped in float16)"),
+    Figure("heads_training.png", "00_train_heads", "the EAGLE-style head's and the Medusa heads' training curves",
+           "float32 training (weights shipped in float16)"),
+]
+
+
+def environment() -> dict:
+    """The machine and the installed versions, read now."""
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}
+
+
+def _read(results_dir: Path, name: str) -> pd.DataFrame | None:
+    path = Path(results_dir) / name
+    return pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.exists() else None
+
+
+def _missing(name: str, notebook: str) -> str:
+    return f"*{NOT_MEASURED}: `{name}` is not in the results folder; run `notebooks/{notebook}.ipynb`.*"
+
+
+def _f(x, digits: int = 2) -> str:
+    return f"{x:.{digits}f}"
+
+
+# ---- sections -------------------------------------------------------------------------------------------------
+
+def where_measured(results_dir: Path, env: dict | None = None) -> str:
+    env = env or environment()
+    measured = any(Path(results_dir).glob("*.csv"))
+    status = "measured" if measured else NOT_MEASURED
+    table = pd.DataFrame([
+        {"where": f"CPU: {env['cpu']}, {env['cores']} cores (this machine)",
+         "versions": f"torch {env['torch']}, transformers {env['transformers']}, Python {env['python']}",
+         "dtype": "float32 (real models); float64 (toy models, formulas)",
+         "what": "notebooks 01-04 (the CSVs below), unit tests", "status": status},
+        {"where": "NVIDIA GPU", "versions": "", "dtype": "",
+         "what": "`make gpu-check`; the notebooks with `-p device cuda` and a larger pair", "status": "not run yet"},
+    ])
+    return "\n".join([
+        "## Where measured", "",
+        "The versions are those installed when this document was generated; `make reproduce` runs notebook 04 "
+        "last, in the environment that ran 01-03.", "",
+        to_markdown(table)])
+
+
+def _claims_table(results_dir: Path) -> pd.DataFrame | None:
+    table = _read(results_dir, CLAIMS_CSV)
+    if table is None:
+        return None
+    return table.astype(str).replace("nan", "")
+
+
+def claims_overview(results_dir: Path) -> str:
+    """One verdict per claim, from claims.csv; every id C1..C22 appears, measured or not."""
+    lines = ["## Claims: one verdict each", ""]
+    table = _claims_table(results_dir)
+    if table is None:
+        lines += [_missing(CLAIMS_CSV, "04_claims"), ""]
+        table = pd.DataFrame(columns=["claim", "source", "expected", "verdict", "reason"])
+    else:
+        counts = table.verdict.value_counts()
+        lines += ["Verdicts: " + ", ".join(f"{v} {counts.get(v, 0)}" for v in claims_mod.VERDICTS) + ". A claim "
+                  "checked in several places reproduces only if every check does; the checks are listed by "
+                  "notebook in the next section, the claims themselves in [CLAIMS.md](CLAIMS.md).", ""]
+    rows = []
+    for cid in claims_mod.ALL_CLAIMS:
+        found = table[table.claim == cid]
+        info = claims_mod.CLAIMS[cid]
+        if found.empty:
+            rows.append({"claim": cid, "articles": info.articles, "the article's figure": "",
+                         "verdict": f"**{VERDICT_NOT_MEASURED}**", "checked in": info.notebook})
+        else:
+            r = found.iloc[0]
+            rows.append({"claim": cid, "articles": info.articles, "the article's figure": r.expected,
+                         "verdict": f"**{r.verdict}**", "checked in": info.notebook})
+    lines.append(to_markdown(pd.DataFrame(rows)))
+    return "\n".join(lines)
+
+
+def claims_by_notebook(results_dir: Path) -> str:
+    """Each notebook's own claim rows (claims_<notebook>.csv): the article's figure, ours, verdict, why."""
+    lines = ["## Claims: each check, by notebook", ""]
+    files = sorted(Path(results_dir).glob("claims_*.csv"))
+    if not files:
+        return "\n".join(lines + [f"*{NOT_MEASURED}: no `claims_<notebook>.csv` in the results folder; run "
+                                  "notebooks 01-03.*"])
+    for path in files:
+        rows = pd.read_csv(path, dtype=str, keep_default_na=False)
+        notebook = path.stem.removeprefix("claims_")
+        rows = rows.assign(verdict=[f"**{v}**" for v in rows.verdict])
+        rows = rows.rename(columns={"source": "articles", "expected": "the article's figure",
+                                    "measured": "measured here", "reason": "why"})
+        lines += [f"### `{notebook}`", "", to_markdown(rows), ""]
+    return "\n".join(lines).rstrip()
+
+
+def _ordered_tasks(tasks) -> list:
+    tasks = list(dict.fromkeys(tasks))
+    known = [t for t in TASK_ORDER if t in tasks]
+    return known + [t for t in tasks if t not in known and t != OVERALL] + ([OVERALL] if OVERALL in tasks else [])
+
+
+def _pivot(summary: pd.DataFrame, column: str, methods: list) -> pd.DataFrame:
+    rows = []
+    for t in sorted(summary.temperature.unique()):
+        part = summary[summary.temperature == t]
+        for task in _ordered_tasks(part.task):
+            cells = part[part.task == task].set_index("method")[column]
+            rows.append({"T": _f(t, 1), "task": task, **{m: cells.get(m, float("nan")) for m in methods}})
+        if column == "speedup" and "speedup_geomean_tasks" in part:
+            cells = part[part.task == OVERALL].set_index("method")["speedup_geomean_tasks"]
+            if len(cells):
+                rows.append({"T": _f(t, 1), "task": "overall (geometric mean of tasks)",
+                             **{m: cells.get(m, float("nan")) for m in methods}})
+    return pd.DataFrame(rows)
+
+
+def _is_true(series: pd.Series) -> pd.Series:
+    return series.astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
+
+
+def _setup_line(runs: pd.DataFrame | None) -> str:
+    if runs is None:
+        return _missing(RUNS_CSV, "03_task_acceptance")
+    spec = runs[runs.method != "autoregressive"]
+    per_task = runs.groupby("task").id.nunique()
+    gammas = ", ".join(str(int(g)) for g in sorted(spec.gamma.dropna().unique()))
+    parts = [f"{int(runs.id.nunique())} prompts from `data/prompts/` ("
+             + ", ".join(f"{task} {int(per_task[task])}" for task in _ordered_tasks(per_task.index)) + ")",
+             f"gamma {gammas}", f"up to {int(runs.new_tokens.max())} new tokens",
+             "temperatures " + ", ".join(_f(t, 1) for t in sorted(runs.temperature.unique()))]
+    greedy = spec[spec.temperature == 0]
+    if "same_as_baseline" in greedy and len(greedy):
+        parts.append(f"{int(_is_true(greedy.same_as_baseline).sum())} of {len(greedy)} greedy speculative outputs "
+                     "identical to the baseline's")
+    return "Set-up, read from the runs: " + "; ".join(parts) + "."
+
+
+def task_tables(results_dir: Path) -> str:
+    """alpha, mean accepted length, speedup and c per task and draft kind; acceptance by draft position."""
+    lines = ["## Every draft kind, per task (`03_task_acceptance`)", ""]
+    summary, runs = _read(results_dir, SUMMARY_CSV), _read(results_dir, RUNS_CSV)
+    lines += [_setup_line(runs), ""]
+    if summary is None:
+        return "\n".join(lines + [_missing(SUMMARY_CSV, "03_task_acceptance")])
+    lines += ["Medians over prompts. alpha: accepted drafts / drafts the verifier looked at; mean accepted length: "
+              "tokens per round, the corrected or bonus token included; c: draft time per drafted token / target "
+              "time per baseline step; speedup: tokens/s of speculative decoding / tokens/s of our autoregressive "
+              "baseline on the same prompt, measured side by side. T is the temperature.", ""]
+    methods = list(dict.fromkeys(summary.method))
+    for column, title in [("alpha", "alpha"), ("mean_accepted_length", "Mean accepted length"),
+                          ("speedup", "Speedup over our autoregressive baseline"), ("c", "Draft cost c")]:
+        if column in summary:
+            lines += [f"### {title}", "", to_markdown(_pivot(summary, column, methods), digits=2), ""]
+    if runs is not None:
+        pos = [c for c in runs.columns if c.startswith("accept_pos")]
+        spec = runs[runs.method != "autoregressive"]
+        if pos and len(spec):
+            table = spec.groupby(["method", "temperature"], sort=False)[["c", *pos]].median().reset_index()
+            table["temperature"] = [_f(t, 1) for t in table.temperature]
+            lines += ["### Acceptance by draft position", "",
+                      "P(draft i accepted | the drafts before it accepted), and c; medians over prompts.", "",
+                      to_markdown(table, digits=2), ""]
+    return "\n".join(lines).rstrip()
+
+
+def analysis(results_dir: Path) -> str:
+    """Sentences computed from the per-task summary: rankings, per-task winners, and the formula beside them."""
+    lines = ["## Analysis", ""]
+    summary, runs = _read(results_dir, SUMMARY_CSV), _read(results_dir, RUNS_CSV)
+    if summary is None:
+        return "\n".join(lines + [_missing(SUMMARY_CSV, "03_task_acceptance")])
+    gamma = int(runs[runs.method != "autoregressive"].gamma.median()) if runs is not None else None
+    implied = []
+    for t in sorted(summary.temperature.unique()):
+        part = summary[summary.temperature == t]
+        overall = part[part.task == OVERALL].set_index("method")
+        tasks = [x for x in _ordered_tasks(part.task) if x != OVERALL]
+        lines.append(f"### Temperature {_f(t, 1)}")
+        lines.append("")
+        if "speedup_geomean_tasks" in overall and len(overall):
+            ranked = overall.speedup_geomean_tasks.sort_values(ascending=False)
+            lines.append("- Geometric-mean speedup over the tasks, fastest first: "
+                         + ", ".join(f"{m} {_f(v)}x" for m, v in ranked.items()) + ".")
+        for task in tasks:
+            rows = part[part.task == task].set_index("method")
+            best_alpha, best_speed = rows.alpha.idxmax(), rows.speedup.idxmax()
+            lines.append(f"- {task}: highest alpha {best_alpha} ({_f(rows.alpha[best_alpha])}), fastest "
+                         f"{best_speed} ({_f(rows.speedup[best_speed])}x).")
+        if {"EAGLE head", "Medusa heads"} <= set(part.method):
+            e = part[part.method == "EAGLE head"].set_index("task").alpha
+            m = part[part.method == "Medusa heads"].set_index("task").alpha
+            above = sum(e[x] > m[x] for x in tasks if x in e and x in m)
+            lines.append(f"- The EAGLE-style head's alpha is above the Medusa heads' in {above} of "
+                         f"{len(tasks)} tasks (the articles rank EAGLE above Medusa).")
+        if gamma is not None and len(overall):
+            lines += ["", f"What the formula gives for each draft kind's overall alpha and c at gamma {gamma}, "
+                      "if the target's forward over gamma + 1 tokens cost one decode step (v = 1, the articles' "
+                      "assumption), beside the measured speedup; the last column is the verification cost v that "
+                      "would explain the measured speedup, mean accepted length / speedup - gamma c (rough: it "
+                      "combines medians).", ""]
+            rows = []
+            for method, r in overall.iterrows():
+                alpha = min(max(float(r.alpha), 0.0), 0.999)
+                rows.append({"method": method, "alpha": r.alpha, "c": r.c,
+                             "formula at v = 1": float(theory.speedup(alpha, gamma, float(r.c))),
+                             "measured (median)": r.speedup,
+                             "implied v": float(r.mean_accepted_length) / float(r.speedup) - gamma * float(r.c)})
+                implied.append(rows[-1]["implied v"])
+            lines.append(to_markdown(pd.DataFrame(rows), digits=2))
+        lines.append("")
+    if implied and min(implied) > 1:
+        lines.append("Every implied v is above 1: the target's forward over gamma + 1 tokens costs more than one "
+                     "decode step here, so a draft must be accepted more often to pay for itself than the articles' "
+                     "formula (v = 1, a GPU at batch 1) says. Notebook 02 measures v(gamma) directly on this machine "
+                     "(claims C12, C13, C19).")
+    return "\n".join(lines)
+
+
+def other_results(results_dir: Path) -> str:
+    """Any other CSV in the results folder, as a table (the first rows of long ones)."""
+    known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV}
+    others = [p for p in sorted(Path(results_dir).glob("*.csv"))
+              if p.name not in known and not p.name.startswith("claims_")]
+    lines = ["## Other measurements", ""]
+    if not any("bench" in p.name for p in others):
+        lines += [f"*Benchmark against transformers' `generate`, prompt lookup and assisted generation: "
+                  f"{NOT_MEASURED} into a CSV; `python -m specdec_lite.repro.bench` prints it.*", ""]
+    for path in others:
+        frame = pd.read_csv(path)
+        shown = frame.head(40)
+        lines += [f"### `{path.name}`", "", to_markdown(shown, digits=3)]
+        if len(frame) > len(shown):
+            lines.append(f"\n(first {len(shown)} of {len(frame)} rows)")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def figures_section(figures_dir: Path, out_dir: Path) -> str:
+    lines = ["## Figures", "", "Each figure with the notebook that draws it and the arithmetic behind it.", ""]
+    rel = Path(os.path.relpath(Path(figures_dir).resolve(), Path(out_dir).resolve())).as_posix()
+    known = {f.file for f in FIGURES}
+    extra = [Figure(p.name, "", p.stem.replace("_", " "), "not recorded")
+             for p in sorted(Path(figures_dir).glob("*.png")) if p.name not in known]
+    for fig in FIGURES + extra:
+        where = f"`{fig.notebook}`, " if fig.notebook else ""
+        if (Path(figures_dir) / fig.file).exists():
+            lines += [f"**{fig.shows}** ({where}dtype: {fig.dtype})", "", f"![{Path(fig.file).stem}]({rel}/{fig.file})", ""]
+        else:
+            lines += [f"**{fig.shows}** ({where}dtype: {fig.dtype}): *{NOT_MEASURED}, `{fig.file}` not drawn.*",
+                      ""]
+    return "\n".join(lines).rstrip()
+
+
+def results_markdown(results_dir: Path | None = None, out_dir: Path | None = None, figures_dir: Path | None = None,
+                     env: dict | None = None) -> str:
+    """The whole results document as markdown; ``out_dir`` is where it will live (for the figures' links)."""
+    results_dir = Path(results_dir or paths.results_dir())
+    if not results_dir.is_dir():
+        raise FileNotFoundError(f"no results folder at {results_dir}: run the notebooks (make reproduce) first, or "
+                                "pass the folder that holds their CSVs")
+    figures_dir = Path(figures_dir or paths.figures_dir())
+    out_dir = Path(out_dir or paths.repo_root() / RESULTS_DOC.parent)
+    head = "\n".join([
+        "# Results", "",
+        "<!-- generated by specdec_lite.repro.report.write_results (notebooks/04_claims.ipynb); do not edit -->", "",
+        "Written by `notebooks/04_claims.ipynb` from the CSVs in `data/results/`: every number below comes from "
+        "those files. Rerun the notebooks (`make reproduce`) to remake them. The claims are described in "
+        "[CLAIMS.md](CLAIMS.md), the articles they come from in [SOURCES.md](SOURCES.md)."])
+    sections = [head, where_measured(results_dir, env), claims_overview(results_dir), claims_by_notebook(results_dir),
+                task_tables(results_dir), analysis(results_dir), other_results(results_dir),
+                figures_section(figures_dir, out_dir)]
+    return "\n\n".join(s.rstrip() for s in sections) + "\n"
+
+
+def write_results(results_dir: Path | None = None, out_path: Path | None = None,
+                  figures_dir: Path | None = None) -> Path:
+    """Write the results document (default docs/RESULTS.md) from the CSVs in ``results_dir`` (default
+    data/results); figures are linked relative to it from ``figures_dir`` (default the ``figures/`` folder
+    beside ``data/``). Returns the path written."""
+    out_path = Path(out_path or paths.repo_root() / RESULTS_DOC)
+    text = results_markdown(results_dir, out_path.parent, figures_dir)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(text)
+    return out_path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default=None, help="default: the repository's data/results")
+    parser.add_argument("--out", default=None, help="default: the repository's docs/RESULTS.md")
+    parser.add_argument("--figures", default=None, help="default: figures/ beside data/")
+    args = parser.parse_args(argv)
+    print(write_results(args.results, args.out, args.figures))
+
+
+if __name__ == "__main__":
+    main()

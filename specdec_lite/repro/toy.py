@@ -4,7 +4,7 @@ A first-order Markov model: the next-token distribution depends on the last toke
 the number of tokens each row has seen, so ragged batches of hundreds of thousands of rows run through the very
 loop the real models run; that is what the Monte Carlo unbiasedness tests use.
 
-Includes the toy models of the source articles (cited by file name in ``../shared/seeds``):
+Includes the toy models of the source articles (cited by id; see docs/SOURCES.md):
 - article 000: 7 tokens, two-state tables (one distribution after token 0, another after any other token);
 - article 004: 5 tokens, target rows drawn from Dirichlet(1) with numpy seed 42, draft = 0.6 target + 0.4 uniform.
 """

@@ -1,0 +1,128 @@
+"""The results document: built from the CSVs only, every claim with a verdict, explicit gaps, in sync."""
+import re
+
+import pandas as pd
+import pytest
+import torch
+import transformers
+
+from specdec_lite import paths
+from specdec_lite.repro import claims, report
+
+ENV = {"cpu": "Test CPU", "cores": 3, "torch": "9.9.9", "transformers": "8.8.8", "python": "3.0.0"}
+METHODS = ("EAGLE head", "n-gram")
+
+
+def _summary():
+    rows = []
+    for t in (0.0, 1.0):
+        for m, (alpha, speed) in zip(METHODS, [(0.417, 1.234), (0.613, 1.876)]):
+            for i, task in enumerate(["code", "dialogue"]):
+                rows.append({"method": m, "task": task, "alpha": alpha + i / 100, "acceptance_rate": 0.2,
+                             "mean_accepted_length": 1.5 + i / 10, "c": 0.05, "speedup": speed + i / 100,
+                             "speedup_geomean_tasks": float("nan"), "temperature": t})
+            rows.append({"method": m, "task": "overall (median)", "alpha": alpha, "acceptance_rate": 0.2,
+                         "mean_accepted_length": 1.55, "c": 0.05, "speedup": speed, "speedup_geomean_tasks":
+                         speed + 0.111, "temperature": t})
+    return pd.DataFrame(rows)
+
+
+def _runs():
+    rows = []
+    for t in (0.0, 1.0):
+        for pid, task in [("code-00", "code"), ("code-01", "code"), ("dialogue-00", "dialogue")]:
+            rows.append({"id": pid, "task": task, "method": "autoregressive", "temperature": t, "gamma": 5,
+                         "new_tokens": 96, "c": float("nan"), "same_as_baseline": "", "accept_pos1": float("nan")})
+            for m in METHODS:
+                rows.append({"id": pid, "task": task, "method": m, "temperature": t, "gamma": 5, "new_tokens": 96,
+                             "c": 0.05, "same_as_baseline": t == 0.0, "accept_pos1": 0.777})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def results(tmp_path):
+    folder = tmp_path / "results"
+    claims.write_claims([claims.ClaimRow("C1", "000", "exact law", "max dev 3.3e-17", "reproduces", "enumeration"),
+                         claims.ClaimRow("C5", "000", "4x4 table", "15/16 cells", "differs", "one slip")],
+                        "01_unbiasedness", folder)
+    claims.write_claims([claims.ClaimRow("C11", "003", "code 85%", "code alpha 0.42", "differs", "small target")],
+                        "03_task_acceptance", folder)
+    claims.gather(folder).to_csv(folder / "claims.csv", index=False)
+    _summary().to_csv(folder / "task_acceptance_summary.csv", index=False)
+    _runs().to_csv(folder / "task_acceptance_runs.csv", index=False)
+    pd.DataFrame({"comparison": ["ours vs generate"], "ratio": [1.0437]}).to_csv(folder / "bench.csv", index=False)
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "task_acceptance.png").write_bytes(b"png")
+    (figures / "extra_plot.png").write_bytes(b"png")
+    return folder, figures
+
+
+def _row(text, claim):
+    return next(line for line in text.splitlines() if line.startswith(f"| {claim} |"))
+
+
+def test_document_carries_the_csv_numbers_and_a_verdict_per_claim(results, tmp_path):
+    folder, figures = results
+    out = report.write_results(folder, tmp_path / "docs" / "RESULTS.md", figures)
+    text = out.read_text()
+    for claim in claims.ALL_CLAIMS:
+        assert re.search(rf"^\| {claim} \|.*\*\*(reproduces|differs|not testable here|not measured yet)\*\*",
+                         text, re.M), claim
+    assert "**reproduces**" in _row(text, "C1") and "**differs**" in _row(text, "C5")
+    assert "**not testable here**" in _row(text, "C2")  # no notebook checked it
+    assert "Verdicts: reproduces 1, differs 2, not testable here 19" in text
+    # each check's own measurement, by notebook
+    assert "### `01_unbiasedness`" in text and "max dev 3.3e-17" in text and "code alpha 0.42" in text
+    # per-task tables: alpha, speedup, geometric mean, acceptance by position, set-up read from the runs
+    assert "| 0.0 | code | 0.42 | 0.61 |" in text and "| 1.0 | dialogue | 0.43 | 0.62 |" in text
+    assert "| 0.0 | overall (geometric mean of tasks) | 1.34 | 1.99 |" in text
+    assert "0.78" in text and "gamma 5" in text and "up to 96 new tokens" in text
+    assert "3 prompts from" in text and "code 2, dialogue 1" in text
+    assert "6 of 6 greedy speculative outputs identical" in text
+    # analysis computed from the summary
+    assert "fastest first: n-gram 1.99x, EAGLE head 1.34x" in text
+    assert "code: highest alpha n-gram (0.61), fastest n-gram (1.88x)" in text
+    # other CSVs are rendered, and the figures are linked relative to the document with their dtype
+    assert "### `bench.csv`" in text and "1.044" in text
+    assert "](../figures/task_acceptance.png)" in text and "float32" in text
+    assert "`unbiasedness_pvalues.png` not drawn" in text and "](../figures/extra_plot.png)" in text
+
+
+def test_where_measured_reads_the_environment():
+    text = report.where_measured(paths.results_dir())
+    assert f"torch {torch.__version__}" in text and f"transformers {transformers.__version__}" in text
+    assert "float32" in text and "NVIDIA GPU" in text and "not run yet" in text
+    fake = report.where_measured(paths.results_dir(), env=ENV)
+    assert "Test CPU, 3 cores" in fake and "torch 9.9.9" in fake
+
+
+def test_missing_csvs_say_not_measured_yet(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no results folder"):
+        report.results_markdown(tmp_path / "absent", tmp_path, tmp_path, env=ENV)
+    empty = tmp_path / "results"
+    empty.mkdir()
+    text = report.results_markdown(empty, tmp_path, tmp_path, env=ENV)
+    assert "not measured yet: `claims.csv`" in text
+    assert "not measured yet: `task_acceptance_summary.csv`" in text
+    assert "not measured yet: `task_acceptance_runs.csv`" in text
+    for claim in claims.ALL_CLAIMS:
+        assert "**not measured yet**" in _row(text, claim)
+    assert "| CPU: Test CPU, 3 cores (this machine) |" in text and "| not measured yet |" in text
+    assert not re.search(r"\d\.\d\d\b", text.split("## Figures")[0].replace("9.9.9", "").replace("8.8.8", "")
+                         .replace("3.0.0", "")), "a number appeared that no CSV gave"
+
+
+def test_shipped_results_document_matches_the_committed_csvs():
+    """docs/RESULTS.md is what the generator makes from data/results (the machine-dependent section aside):
+    nobody edited a number by hand, and 04_claims was rerun after the last CSV changed."""
+    shipped = (paths.repo_root() / report.RESULTS_DOC).read_text()
+    fresh = report.results_markdown(paths.results_dir(), paths.repo_root() / "docs", paths.figures_dir())
+
+    def sections(text):
+        return {s.split("\n", 1)[0]: s for s in text.split("\n## ") if not s.startswith("Where measured")}
+    assert sections(shipped) == sections(fresh), \
+        "docs/RESULTS.md is stale: run notebooks/04_claims.ipynb (or python -m specdec_lite.repro.report)"
+    table = pd.read_csv(paths.results_dir() / "claims.csv", dtype=str, keep_default_na=False)
+    for r in table.itertuples():
+        assert f"**{r.verdict}**" in _row(shipped, r.claim)
