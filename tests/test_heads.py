@@ -20,7 +20,7 @@ from specdec_lite.repro import tasks
 from specdec_lite.train import corpus, features
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import MUTANTS, patched
-from specdec_lite.train.heads import HeadTrainConfig, HeadTrainer, load_dataset
+from specdec_lite.train.heads import HeadTrainConfig, HeadTrainer, check_kinds, load_dataset
 
 from conftest import tiny_llama
 
@@ -214,6 +214,12 @@ def test_training_lowers_the_loss_and_resumes(tmp_path, kind, embedded):
     assert resumed.step == 30 and resumed.run(progress=False)[-1]["step"] == 35
     draft = sd.load_draft(str(tmp_path / "head"), target)
     assert draft.output.vocab_ids.numel() == 256
+
+
+def test_check_kinds_refuses_unknown_head_kinds():
+    assert check_kinds(["medusa", "eagle"]) == ["medusa", "eagle"]
+    with pytest.raises(ValueError, match="'eagle' and/or 'medusa'.*hydra"):
+        check_kinds(["eagle", "hydra"])
 
 
 def test_load_draft_names_the_draft_kinds():

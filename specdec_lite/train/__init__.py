@@ -5,4 +5,6 @@
   batching   padded batches for teacher forcing and training
   draft      the standalone draft model, distilled from the target's top-k soft labels
   heads      the EAGLE-style head and the Medusa heads, trained on the features
+  loop       the training loop both use (schedule, clipping, evaluation, checkpoints, time budget, resume)
+  cards      the model card (README.md) written beside each trained draft
 """

@@ -1,26 +1,25 @@
-"""A small draft model for a target, trained from the target alone (issue: trained draft).
+"""A small draft model for a target, trained from the target alone.
 
 Recipe (run by ``notebooks/00_train_draft.ipynb``):
 1. target-made text (``corpus.py``): replies the target wrote to template-made instructions;
 2. soft labels: the target's top-k next-token probabilities at every reply position, by teacher forcing;
 3. a small Llama with the target's tokenizer (tied embeddings initialised by PCA of the target's), trained on
    0.5 * cross-entropy on the target's own tokens + 0.5 * cross-entropy against the top-k soft labels.
-The result is a plain transformers model (``save_pretrained``), usable as a draft anywhere.
+The result is a plain transformers model (``save_pretrained``), usable as a draft anywhere. The optimisation
+itself (schedule, clipping, evaluation, checkpoints, time budget) is ``loop.TrainingLoop``; the model card is
+``cards.draft_card``.
 """
 from __future__ import annotations
 
-import json
-import math
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..repro.report import to_markdown
 from .batching import padded
+from .loop import CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, write_config, write_log
 
 
 @dataclass
@@ -146,62 +145,47 @@ def draft_loss(draft, ids, mask, loss_mask, soft_idx, soft_p, soft_weight: float
     return (1 - soft_weight) * hard + soft_weight * soft_ce, hard.detach(), soft_ce.detach(), agree.detach()
 
 
-def warmup_cosine(step: int, warmup: int, steps: int) -> float:
-    """Learning-rate factor at ``step``: linear warm-up over ``warmup`` steps, cosine decay to 0 at ``steps``."""
-    return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
-
-
 def train_draft(draft, sequences, soft, cfg: TrainConfig, out_dir: Path, progress: bool = True,
-                log_path: Path | None = None, max_minutes: float | None = None) -> list[dict]:
-    """Train ``draft`` in place; saves it (float16 safetensors) to out_dir every eval and at the end.
-    Returns the log: step, train loss, held-out hard/soft CE and greedy agreement with the target."""
-    from tqdm.auto import tqdm
-
+                log_path: Path | None = None, max_minutes: float | None = None, resume: bool = False) -> list[dict]:
+    """Train ``draft`` in place with ``loop.TrainingLoop``; saves it (float16 safetensors) to out_dir every eval
+    and at the end (and to ``log_path``, when given, its log). ``resume``: keep a ``training_state.pt`` in out_dir
+    and continue from it when one is there. Returns the log: step, train loss, held-out hard/soft CE and greedy
+    agreement with the target."""
     g = torch.Generator().manual_seed(cfg.seed)
     perm = torch.randperm(len(sequences), generator=g).tolist()
     n_held = max(1, int(len(perm) * cfg.heldout_fraction))
     held, train = perm[:n_held], perm[n_held:]
     pad = draft.config.pad_token_id or 0
     support = frequent_tokens([sequences[i] for i in train], draft.config.vocab_size)
-    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.warmup, cfg.steps))
-    log, started = [], time.monotonic()
-    draft.train()
-    bar = tqdm(range(cfg.steps), desc="draft training", disable=not progress)
-    for step in bar:
-        rows = [train[int(j)] for j in torch.randint(len(train), (cfg.batch_size,), generator=g)]
-        loss, hard, soft_ce, agree = draft_loss(draft, *_batch(sequences, soft, rows, pad), cfg.soft_weight, support)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        last = step == cfg.steps - 1 or (max_minutes is not None and time.monotonic() - started > 60 * max_minutes)
-        if (step + 1) % cfg.eval_every == 0 or last:
-            entry = {"step": step + 1, "train_loss": float(loss.detach()),
-                     **heldout_metrics(draft, sequences, soft, held, cfg, support),
-                     "minutes": (time.monotonic() - started) / 60}
-            log.append(entry)
-            bar.set_postfix(agree=f"{entry['heldout_agreement']:.3f}")
-            save_draft(draft, out_dir, log, cfg)
-            if log_path is not None:
-                Path(log_path).write_text("\n".join(json.dumps(e) for e in log) + "\n")
-        if last:
-            break
-    draft.eval()
-    return log
+
+    def sample(generator):
+        return _batch(sequences, soft, [train[int(j)] for j in torch.randint(len(train), (cfg.batch_size,),
+                                                                              generator=generator)], pad)
+
+    def save():
+        save_draft(draft, out_dir, cfg=cfg)
+        if log_path is not None:
+            write_log(log_path, loop.log)
+
+    loop = TrainingLoop(draft, lambda batch: draft_loss(draft, *batch, cfg.soft_weight, support)[0], sample,
+                        lambda: heldout_metrics(draft, sequences, soft, held, cfg, support),
+                        LoopConfig.of(cfg, (0.9, 0.98), max_minutes), save, out_dir, keep_state=resume, generator=g,
+                        desc="draft training")
+    if resume:
+        loop.resume()
+    return loop.run(progress)
 
 
 @torch.no_grad()
 def heldout_metrics(draft, sequences, soft, held, cfg: TrainConfig, support) -> dict:
-    draft.eval()
+    """Mean hard CE, soft CE and greedy agreement over the held-out records (the training loop runs it in eval
+    mode)."""
     pad = draft.config.pad_token_id or 0
     totals = np.zeros(3)
     chunks = [held[i: i + cfg.batch_size] for i in range(0, len(held), cfg.batch_size)]
     for rows in chunks:
         _, hard, soft_ce, agree = draft_loss(draft, *_batch(sequences, soft, rows, pad), cfg.soft_weight, support)
         totals += [float(hard), float(soft_ce), float(agree)]
-    draft.train()
     hard, soft_ce, agree = totals / len(chunks)
     return {"heldout_hard_ce": hard, "heldout_soft_ce": soft_ce, "heldout_agreement": agree}
 
@@ -214,58 +198,11 @@ def save_draft(draft, out_dir: Path, log=None, cfg: TrainConfig | None = None) -
     half.load_state_dict(draft.state_dict())
     half.save_pretrained(out_dir)
     if log is not None:
-        (out_dir / "training_log.jsonl").write_text("\n".join(json.dumps(e) for e in log) + "\n")
+        write_log(out_dir / LOG_FILE, log)
     if cfg is not None:
-        (out_dir / "training_config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+        write_config(out_dir / CONFIG_FILE, cfg)
 
 
 def directory_megabytes(path: Path) -> float:
+    """Size of the files directly in ``path``, in MB (the draft's folder has a 25 MB budget)."""
     return sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file()) / 1e6
-
-
-def write_model_card(out_dir: Path, draft, target_name: str, corpus_index: list, log: list, cfg: TrainConfig,
-                     evaluation=None) -> str:
-    """README.md beside the weights: architecture, size, data, steps, loss curve, held-out acceptance."""
-    out_dir = Path(out_dir)
-    params = sum(p.numel() for p in draft.parameters())
-    c = draft.config
-    reply_tokens = sum(e["gen_len"] for e in corpus_index)
-    temps = sorted({e["temperature"] for e in corpus_index})
-    families = sorted({e["family"] for e in corpus_index})
-    lines = [
-        f"# {out_dir.name}: a draft model for {target_name}", "",
-        "Trained by specdec_lite (`notebooks/00_train_draft.ipynb`) from the target alone. A plain transformers "
-        "Llama with the target's tokenizer: `AutoModelForCausalLM.from_pretrained(this_folder)` works anywhere.", "",
-        "## Architecture",
-        f"Llama, {c.num_hidden_layers} layers, width {c.hidden_size}, {c.num_attention_heads} heads "
-        f"({c.num_key_value_heads} key/value), MLP {c.intermediate_size}, vocabulary {c.vocab_size} (tied input/"
-        f"output embeddings, initialised by PCA of the target's). {params / 1e6:.2f} M parameters, stored in float16: "
-        f"{directory_megabytes(out_dir):.1f} MB for the whole folder.", "",
-        "## Training data",
-        f"{len(corpus_index)} replies written by the target ({reply_tokens} reply tokens) to template-made "
-        f"instructions ({', '.join(families)}; `specdec_lite/corpus.py`), sampled at temperatures {temps} "
-        "(0 = greedy). None of those instructions overlaps the evaluation prompts in `data/prompts/` (a test "
-        f"checks it). Labels: the target's own tokens and its top-{cfg.topk} next-token probabilities by "
-        f"teacher forcing; loss = {1 - cfg.soft_weight:.1f} x cross-entropy on the tokens + {cfg.soft_weight:.1f} x "
-        "cross-entropy against the renormalised top-k.", "",
-        "## Training",
-        f"{log[-1]['step'] if log else 0} AdamW steps of {cfg.batch_size} records (peak lr {cfg.lr}, warm-up "
-        f"{cfg.warmup}, cosine), {cfg.heldout_fraction:.0%} of the records held out. Loss curve "
-        "(`training_log.jsonl`):", "",
-        "| step | train loss | held-out CE (tokens) | held-out CE (top-k) | held-out greedy agreement |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for e in log:
-        lines.append(f"| {e['step']} | {e['train_loss']:.3f} | {e['heldout_hard_ce']:.3f} | "
-                     f"{e['heldout_soft_ce']:.3f} | {e['heldout_agreement']:.3f} |")
-    return finish_card(out_dir, lines, evaluation)
-
-
-def finish_card(out_dir: Path, lines: list[str], evaluation=None) -> str:
-    """Append the held-out acceptance table (when given) and write the card to ``out_dir/README.md``."""
-    if evaluation is not None:
-        lines = lines + ["", "## Held-out acceptance (evaluation prompts, chat template, gamma 4)", "",
-                         to_markdown(evaluation)]
-    text = "\n".join(lines) + "\n"
-    (Path(out_dir) / "README.md").write_text(text)
-    return text

@@ -13,25 +13,25 @@ Data: target-made text (``corpus.py``) and the target's last hidden states over 
 
 Losses count only positions whose predicted token lies in a reply (the prompt is context). Held-out records
 (5%) give the greedy agreement per head position (argmax over the sub-vocabulary equals the target's).
-Checkpoints (head, optimizer, log) are written every ``eval_every`` steps; a rerun resumes from them.
+The optimisation (schedule, clipping, evaluation, checkpoints with the optimizer and random states, time budget,
+resume) is ``loop.TrainingLoop``; the model card is ``cards.head_card``. A rerun resumes from the checkpoints.
 """
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..drafts.heads import HeadConfig, OutputLayer, build_head, parameter_count, read_head, save_head
+from ..drafts.heads import HeadConfig, OutputLayer, build_head, read_head, save_head
 from ..paths import HEAD_CONFIG
 from .batching import padded
 from .corpus import load_records
-from .draft import finish_card, frequent_tokens, warmup_cosine
+from .draft import frequent_tokens
 from .features import load_features
+from .loop import CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, read_log, write_config
 
 
 @dataclass
@@ -48,6 +48,17 @@ class HeadTrainConfig:
     heldout_fraction: float = 0.05
     eval_every: int = 200
     seed: int = 0
+
+
+HEAD_KINDS = ("eagle", "medusa")
+
+
+def check_kinds(kinds) -> list[str]:
+    """The head kinds asked for; an unknown one is refused before any work starts."""
+    unknown = sorted(set(kinds) - set(HEAD_KINDS))
+    if unknown:
+        raise ValueError(f"kinds must be 'eagle' and/or 'medusa', got {unknown}")
+    return list(kinds)
 
 
 class FeatureDataset:
@@ -131,7 +142,8 @@ def medusa_loss(head, output: OutputLayer, batch, cfg: HeadTrainConfig, train: b
 
 
 class HeadTrainer:
-    """One training run of one head kind; ``run`` resumes from ``out_dir`` when a checkpoint is there."""
+    """One training run of one head kind with ``loop.TrainingLoop``; ``run`` resumes from ``out_dir`` when a
+    checkpoint is there."""
 
     def __init__(self, target, head_cfg: HeadConfig, data: FeatureDataset, cfg: HeadTrainConfig, out_dir: Path):
         self.target, self.head_cfg, self.data, self.cfg = target, head_cfg, data, cfg
@@ -149,31 +161,28 @@ class HeadTrainer:
             self.vocab_ids = None
         self.output = OutputLayer(target, vocab, self.vocab_ids)
         self.head = build_head(head_cfg)
-        self.log, self.step = [], 0
-        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                     betas=(0.9, 0.95))
+        self.loop = TrainingLoop(self.head, lambda batch: self.loss(batch)[0], self.sample, self.evaluate,
+                                 LoopConfig.of(cfg, betas=(0.9, 0.95)), self.save, self.out_dir, keep_state=True,
+                                 desc=f"{head_cfg.kind} training")
         self._resume()
 
+    step = property(lambda self: self.loop.step)
+    log = property(lambda self: self.loop.log)
+
     def _resume(self):
-        """Full resume from ``training_state.pt`` (float32 head, optimizer, log; kept out of git), else a warm
-        start from a committed checkpoint (float16 head and its log; the optimizer's moments start afresh)."""
+        """Full resume from ``training_state.pt`` (float32 head, optimizer, log, random states; kept out of git),
+        else a warm start from a committed checkpoint (float16 head and its log; the optimizer's moments start
+        afresh, the batches from seed + step)."""
         if not (self.out_dir / HEAD_CONFIG).exists():
             return
         head, cfg, vocab_ids = read_head(self.out_dir)
         if cfg.kind != self.head_cfg.kind or cfg.target_fingerprint != self.head_cfg.target_fingerprint:
             raise ValueError(f"{self.out_dir} holds a {cfg.kind} head for target {cfg.target} "
                              f"({cfg.target_fingerprint}); give another out_dir or name")
-        state = self.out_dir / "training_state.pt"
-        if state.exists():
-            saved = torch.load(state, weights_only=False)
-            self.head.load_state_dict(saved["head"])
-            self.opt.load_state_dict(saved["optimizer"])
-            self.step, self.log = saved["step"], saved["log"]
-        else:
+        if not self.loop.resume():
             self.head.load_state_dict(head.state_dict())
-            log_path = self.out_dir / "training_log.jsonl"
-            self.log = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()] if log_path.exists() else []
-            self.step = self.log[-1]["step"] if self.log else 0
+            self.loop.log = read_log(self.out_dir / LOG_FILE)
+            self.loop.step = self.loop.log[-1]["step"] if self.loop.log else 0
         self.vocab_ids = vocab_ids
         self.output = OutputLayer(self.target, self.head_cfg.vocab_size, vocab_ids)
 
@@ -182,58 +191,30 @@ class HeadTrainer:
             return eagle_loss(self.head, self.embed, self.output, batch, self.cfg, train)
         return medusa_loss(self.head, self.output, batch, self.cfg, train)
 
+    def sample(self, generator: torch.Generator):
+        """A training batch of ``batch_size`` records drawn with replacement."""
+        rows = torch.randint(len(self.data.train), (self.cfg.batch_size,), generator=generator)
+        return self.data.batch([self.data.train[int(j)] for j in rows])
+
     @torch.no_grad()
     def evaluate(self) -> dict:
-        self.head.eval()
+        """Mean held-out metrics of ``loss`` (no feature noise)."""
         rows, totals = self.data.heldout, {}
         chunks = [rows[i: i + self.cfg.batch_size] for i in range(0, len(rows), self.cfg.batch_size)]
         for chunk in chunks:
             _, metrics = self.loss(self.data.batch(chunk), train=False)
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v / len(chunks)
-        self.head.train()
         return {f"heldout_{k}": v for k, v in totals.items()}
 
     def save(self):
+        """The head (float16) and its config; the loop adds the log and the training state."""
         save_head(self.head, self.head_cfg, self.vocab_ids, self.out_dir)
-        torch.save({"head": self.head.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
-                    "log": self.log}, self.out_dir / "training_state.pt")
-        (self.out_dir / "training_log.jsonl").write_text("\n".join(json.dumps(e) for e in self.log) + "\n")
-        (self.out_dir / "training_config.json").write_text(json.dumps(asdict(self.cfg), indent=1) + "\n")
+        write_config(self.out_dir / CONFIG_FILE, self.cfg)
 
     def run(self, progress: bool = True, max_minutes: float | None = None) -> list[dict]:
-        from tqdm.auto import tqdm
-
-        g = torch.Generator().manual_seed(self.cfg.seed + self.step)
-        run_started = time.monotonic()
-        started = run_started - 60 * (self.log[-1]["minutes"] if self.log else 0.0)  # cumulative on resume
-        self.head.train()
-        bar = tqdm(total=self.cfg.steps, initial=self.step, desc=f"{self.head_cfg.kind} training",
-                   disable=not progress)
-        while self.step < self.cfg.steps:
-            rows = [self.data.train[int(j)] for j in torch.randint(len(self.data.train), (self.cfg.batch_size,),
-                                                                    generator=g)]
-            for group in self.opt.param_groups:
-                group["lr"] = self.cfg.lr * warmup_cosine(self.step, self.cfg.warmup, self.cfg.steps)
-            loss, metrics = self.loss(self.data.batch(rows))
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
-            self.opt.step()
-            self.step += 1
-            bar.update(1)
-            out_of_time = max_minutes is not None and time.monotonic() - run_started > 60 * max_minutes
-            if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps or out_of_time:
-                entry = {"step": self.step, "train_loss": loss.item(), **self.evaluate(),
-                         "minutes": (time.monotonic() - started) / 60}
-                self.log.append(entry)
-                bar.set_postfix({k: f"{v:.3f}" for k, v in entry.items() if "agreement" in k})
-                self.save()
-            if out_of_time:
-                break
-        bar.close()
-        self.head.eval()
-        return self.log
+        self.loop.cfg = replace(self.loop.cfg, max_minutes=max_minutes)
+        return self.loop.run(progress)
 
 
 def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_records: int | None = None):
@@ -242,52 +223,3 @@ def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_
     features, meta = load_features(features_dir)
     records = load_records(corpus_dir)[: meta["records_done"]]
     return FeatureDataset(records[:max_records] if max_records else records, features, cfg), meta
-
-
-def write_head_card(out_dir: Path, trainer: HeadTrainer, corpus_index: list, evaluation=None) -> str:
-    """README.md beside the weights: what it is, size, data, steps, loss curve, held-out acceptance."""
-    out_dir, cfg, hc = Path(out_dir), trainer.cfg, trainer.head_cfg
-    params = parameter_count(trainer.head)
-    size = (out_dir / "head.safetensors").stat().st_size / 1e6
-    reply_tokens = sum(e["gen_len"] for e in corpus_index)
-    families = sorted({e["family"] for e in corpus_index})
-    vocab = f"the {hc.sub_vocab_size} most frequent reply tokens" if hc.sub_vocab_size else "the full vocabulary"
-    if hc.kind == "eagle":
-        what = (f"EAGLE-style head (Li et al. 2024): a linear fusion of (target feature, token embedding) into "
-                f"width {hc.hidden_size}, then one decoder layer ({hc.num_attention_heads} heads, MLP "
-                f"{hc.intermediate_size}, RoPE base {hc.rope_theta:g}); it predicts the target's next feature, "
-                "which the target's own output layer reads.")
-        loss = (f"{cfg.regression_weight} x smooth-L1 on the predicted feature + {cfg.ce_weight} x cross-entropy "
-                f"against the target's distribution; input features with uniform noise +-{cfg.feature_noise}")
-    else:
-        what = (f"{hc.num_heads} Medusa heads (Cai et al. 2024): residual blocks f + SiLU(W f + b) on the target's "
-                "last feature; head k predicts the token k places after the target's next token, through the "
-                "target's own output layer.")
-        loss = "mean over heads of the cross-entropy against the target's distribution of that token"
-    columns = [k for k in (trainer.log[-1] if trainer.log else {}) if k.startswith("heldout_")]
-    lines = [
-        f"# {out_dir.name}: {'an EAGLE-style head' if hc.kind == 'eagle' else 'Medusa heads'} for {hc.target}", "",
-        "Trained by specdec_lite (`notebooks/00_train_heads.ipynb`) from the target alone. Load it with "
-        f"`specdec_lite.load_pair(target, draft=\"{out_dir.name}\")` or `specdec_lite.heads.load_head(folder, "
-        "target)`; it refuses any other target (hidden size, vocabulary, weights fingerprint "
-        f"`{hc.target_fingerprint}`).", "",
-        "## Architecture", what,
-        f"Output over {vocab} (q is zero elsewhere; exact, since the verifier gets that q). {params / 1e6:.2f} M "
-        f"trained parameters; `head.safetensors` (float16) {size:.1f} MB. The target's embedding and output "
-        "layer are used, not copied.", "",
-        "## Training data",
-        f"{len(corpus_index)} records written by the target ({reply_tokens} reply tokens; families "
-        f"{', '.join(families)}; `specdec_lite/corpus.py`) and the target's last hidden state at every token by "
-        "teacher forcing (`specdec_lite/features.py`). None of the instructions overlaps the evaluation prompts.",
-        "",
-        "## Training",
-        f"{trainer.step} AdamW steps of {cfg.batch_size} records (peak lr {cfg.lr}, warm-up {cfg.warmup}, cosine); "
-        f"loss: {loss}. {cfg.heldout_fraction:.0%} of the records held out; agreement = the head's argmax equals "
-        "the target's (over the sub-vocabulary), teacher-forced.", "",
-        "| step | minutes | train loss | " + " | ".join(c.replace("heldout_", "held-out ") for c in columns) + " |",
-        "| --- | --- | --- | " + " | ".join("---" for _ in columns) + " |",
-    ]
-    for e in trainer.log:
-        lines.append(f"| {e['step']} | {e['minutes']:.1f} | {e['train_loss']:.3f} | "
-                     + " | ".join(f"{e.get(c, float('nan')):.3f}" for c in columns) + " |")
-    return finish_card(out_dir, lines, evaluation)

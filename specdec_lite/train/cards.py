@@ -1,0 +1,105 @@
+"""Model cards: the README.md written beside each trained draft (the standalone draft and both heads).
+
+Every card has the same parts: a title and a paragraph on how to load the model, its architecture and size,
+its training data, its training (settings, then the loss curve from ``training_log.jsonl``) and, when given,
+the held-out acceptance on the evaluation prompts. ``write_card`` lays them out; ``draft_card`` and
+``head_card`` fill them in for each kind of draft.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..drafts.heads import parameter_count
+from ..repro.report import to_markdown
+from .draft import directory_megabytes
+
+
+def _cell(key: str, value) -> str:
+    if key == "step":
+        return str(value)
+    return f"{value:.1f}" if key == "minutes" else f"{value:.3f}"
+
+
+def write_card(out_dir: Path, title: str, intro: str, architecture: str, data: str, training: str,
+               log: list[dict], columns: dict[str, str], evaluation=None) -> str:
+    """Write ``out_dir/README.md`` and return its text. ``columns``: log key -> table header, in order."""
+    lines = [f"# {title}", "", intro, "", "## Architecture", architecture, "", "## Training data", data, "",
+             "## Training", training, "",
+             "| " + " | ".join(columns.values()) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
+    lines += ["| " + " | ".join(_cell(k, e.get(k, float("nan"))) for k in columns) + " |" for e in log]
+    if evaluation is not None:
+        lines += ["", "## Held-out acceptance (evaluation prompts, chat template, gamma 4)", "", to_markdown(evaluation)]
+    text = "\n".join(lines) + "\n"
+    (Path(out_dir) / "README.md").write_text(text)
+    return text
+
+
+def draft_card(out_dir: Path, draft, target_name: str, corpus_index: list, log: list, cfg, evaluation=None) -> str:
+    """The standalone draft's card; ``cfg`` is its ``train.draft.TrainConfig``."""
+    out_dir, c = Path(out_dir), draft.config
+    params = sum(p.numel() for p in draft.parameters())
+    reply_tokens = sum(e["gen_len"] for e in corpus_index)
+    temps = sorted({e["temperature"] for e in corpus_index})
+    families = sorted({e["family"] for e in corpus_index})
+    return write_card(
+        out_dir, f"{out_dir.name}: a draft model for {target_name}",
+        "Trained by specdec_lite (`notebooks/00_train_draft.ipynb`) from the target alone. A plain transformers "
+        "Llama with the target's tokenizer: `AutoModelForCausalLM.from_pretrained(this_folder)` works anywhere.",
+        f"Llama, {c.num_hidden_layers} layers, width {c.hidden_size}, {c.num_attention_heads} heads "
+        f"({c.num_key_value_heads} key/value), MLP {c.intermediate_size}, vocabulary {c.vocab_size} (tied input/"
+        f"output embeddings, initialised by PCA of the target's). {params / 1e6:.2f} M parameters, stored in float16: "
+        f"{directory_megabytes(out_dir):.1f} MB for the whole folder.",
+        f"{len(corpus_index)} replies written by the target ({reply_tokens} reply tokens) to template-made "
+        f"instructions ({', '.join(families)}; `specdec_lite/train/corpus.py`), sampled at temperatures {temps} "
+        "(0 = greedy). None of those instructions overlaps the evaluation prompts in `data/prompts/` (a test "
+        f"checks it). Labels: the target's own tokens and its top-{cfg.topk} next-token probabilities by "
+        f"teacher forcing; loss = {1 - cfg.soft_weight:.1f} x cross-entropy on the tokens + {cfg.soft_weight:.1f} x "
+        "cross-entropy against the renormalised top-k.",
+        f"{log[-1]['step'] if log else 0} AdamW steps of {cfg.batch_size} records (peak lr {cfg.lr}, warm-up "
+        f"{cfg.warmup}, cosine), {cfg.heldout_fraction:.0%} of the records held out. Loss curve "
+        "(`training_log.jsonl`):",
+        log, {"step": "step", "train_loss": "train loss", "heldout_hard_ce": "held-out CE (tokens)",
+              "heldout_soft_ce": "held-out CE (top-k)", "heldout_agreement": "held-out greedy agreement"},
+        evaluation)
+
+
+def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None) -> str:
+    """A head's card (EAGLE-style or Medusa); ``trainer`` is the ``train.heads.HeadTrainer`` that trained it."""
+    out_dir, cfg, hc = Path(out_dir), trainer.cfg, trainer.head_cfg
+    params = parameter_count(trainer.head)
+    size = (out_dir / "head.safetensors").stat().st_size / 1e6
+    reply_tokens = sum(e["gen_len"] for e in corpus_index)
+    families = sorted({e["family"] for e in corpus_index})
+    vocab = f"the {hc.sub_vocab_size} most frequent reply tokens" if hc.sub_vocab_size else "the full vocabulary"
+    if hc.kind == "eagle":
+        what = (f"EAGLE-style head (Li et al. 2024): a linear fusion of (target feature, token embedding) into "
+                f"width {hc.hidden_size}, then one decoder layer ({hc.num_attention_heads} heads, MLP "
+                f"{hc.intermediate_size}, RoPE base {hc.rope_theta:g}); it predicts the target's next feature, "
+                "which the target's own output layer reads.")
+        loss = (f"{cfg.regression_weight} x smooth-L1 on the predicted feature + {cfg.ce_weight} x cross-entropy "
+                f"against the target's distribution; input features with uniform noise +-{cfg.feature_noise}")
+    else:
+        what = (f"{hc.num_heads} Medusa heads (Cai et al. 2024): residual blocks f + SiLU(W f + b) on the target's "
+                "last feature; head k predicts the token k places after the target's next token, through the "
+                "target's own output layer.")
+        loss = "mean over heads of the cross-entropy against the target's distribution of that token"
+    heldout = [k for k in (trainer.log[-1] if trainer.log else {}) if k.startswith("heldout_")]
+    return write_card(
+        out_dir, f"{out_dir.name}: {'an EAGLE-style head' if hc.kind == 'eagle' else 'Medusa heads'} for {hc.target}",
+        "Trained by specdec_lite (`notebooks/00_train_heads.ipynb`) from the target alone. Load it with "
+        f"`specdec_lite.load_pair(target, draft=\"{out_dir.name}\")` or `specdec_lite.drafts.heads.load_head(folder, "
+        "target)`; it refuses any other target (hidden size, vocabulary, weights fingerprint "
+        f"`{hc.target_fingerprint}`).",
+        f"{what}\nOutput over {vocab} (q is zero elsewhere; exact, since the verifier gets that q). "
+        f"{params / 1e6:.2f} M trained parameters; `head.safetensors` (float16) {size:.1f} MB. The target's "
+        "embedding and output layer are used, not copied.",
+        f"{len(corpus_index)} records written by the target ({reply_tokens} reply tokens; families "
+        f"{', '.join(families)}; `specdec_lite/train/corpus.py`) and the target's last hidden state at every token "
+        "by teacher forcing (`specdec_lite/train/features.py`). None of the instructions overlaps the evaluation "
+        "prompts.",
+        f"{trainer.step} AdamW steps of {cfg.batch_size} records (peak lr {cfg.lr}, warm-up {cfg.warmup}, cosine); "
+        f"loss: {loss}. {cfg.heldout_fraction:.0%} of the records held out; agreement = the head's argmax equals "
+        "the target's (over the sub-vocabulary), teacher-forced.",
+        trainer.log, {"step": "step", "minutes": "minutes", "train_loss": "train loss",
+                      **{k: k.replace("heldout_", "held-out ") for k in heldout}},
+        evaluation)

@@ -1,0 +1,151 @@
+"""The training loop shared by the standalone draft and the heads.
+
+``TrainingLoop(model, loss, sample, evaluate, cfg, save, out_dir).run()`` trains ``model`` with AdamW, a linear
+warm-up and cosine decay of the learning rate, and gradient-norm clipping. Every ``eval_every`` steps (and at the
+last step) it evaluates on held-out data and appends a log entry; every ``checkpoint_every`` steps (and at the
+end) it calls ``save()`` and writes the log to ``out_dir/training_log.jsonl``. With ``keep_state`` it also writes
+``out_dir/training_state.pt`` (float32 weights, optimizer, step, log, random states), from which a new loop over
+the same folder resumes exactly where the old one stopped. ``max_minutes`` bounds one call of ``run``: when it
+is spent the loop evaluates, saves and returns.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+STATE_FILE = "training_state.pt"
+LOG_FILE = "training_log.jsonl"
+CONFIG_FILE = "training_config.json"
+
+
+@dataclass
+class LoopConfig:
+    steps: int  # optimizer steps in all (the schedule's length)
+    lr: float  # peak AdamW learning rate
+    warmup: int = 100  # linear warm-up steps, then cosine decay to 0 at ``steps``
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    clip: float = 1.0  # gradient-norm clipping
+    eval_every: int = 100  # held-out evaluation (and a log entry) every this many steps
+    checkpoint_every: int | None = None  # save every this many steps (None: at every evaluation)
+    max_minutes: float | None = None  # stop one ``run`` after this many minutes (None: no limit)
+    seed: int = 0  # seeds the batch generator when the caller gives none (seed + step on a warm start)
+
+    @classmethod
+    def of(cls, cfg, betas: tuple[float, float], max_minutes: float | None = None) -> "LoopConfig":
+        """From a model's training config (its steps, lr, warmup, weight_decay, eval_every, seed)."""
+        return cls(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup, weight_decay=cfg.weight_decay, betas=betas,
+                   eval_every=cfg.eval_every, max_minutes=max_minutes, seed=cfg.seed)
+
+
+def warmup_cosine(step: int, warmup: int, steps: int) -> float:
+    """Learning-rate factor at ``step``: linear warm-up over ``warmup`` steps, cosine decay to 0 at ``steps``."""
+    return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+
+
+def write_log(path: Path, log: list[dict]) -> None:
+    """One JSON object per line."""
+    Path(path).write_text("\n".join(json.dumps(e) for e in log) + "\n")
+
+
+def write_config(path: Path, cfg) -> None:
+    """A training config dataclass as indented JSON (``training_config.json``)."""
+    Path(path).write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+
+
+def read_log(path: Path) -> list[dict]:
+    path = Path(path)
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+class TrainingLoop:
+    """Trains ``model`` on ``loss(sample(generator))``; ``evaluate()`` returns held-out metrics (a dict, run in
+    eval mode without gradients); ``save()`` writes the caller's checkpoint. ``step`` and ``log`` may be set
+    before ``run`` for a warm start; ``resume()`` loads them (and everything else) from ``training_state.pt``."""
+
+    def __init__(self, model: torch.nn.Module, loss: Callable[[Any], torch.Tensor],
+                 sample: Callable[[torch.Generator], Any], evaluate: Callable[[], dict], cfg: LoopConfig,
+                 save: Callable[[], None], out_dir: Path, keep_state: bool = False,
+                 generator: torch.Generator | None = None, desc: str = "training"):
+        self.model, self.loss_fn, self.sample, self.evaluate_fn = model, loss, sample, evaluate
+        self.cfg, self.save_fn, self.out_dir, self.keep_state = cfg, save, Path(out_dir), keep_state
+        self.generator, self.desc = generator, desc
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                     betas=cfg.betas)
+        self.step, self.log = 0, []
+
+    @property
+    def state_path(self) -> Path:
+        return self.out_dir / STATE_FILE
+
+    def resume(self) -> bool:
+        """Load ``training_state.pt`` when there is one; True if it was there."""
+        if not self.state_path.exists():
+            return False
+        saved = torch.load(self.state_path, weights_only=False)
+        self.model.load_state_dict(saved["model"] if "model" in saved else saved["head"])  # "head": older files
+        self.opt.load_state_dict(saved["optimizer"])
+        self.step, self.log = saved["step"], saved["log"]
+        if "generator" in saved:  # older files have no random states: the batches restart from seed + step
+            self.generator = torch.Generator()
+            self.generator.set_state(saved["generator"])
+            torch.set_rng_state(saved["torch_rng"])
+        return True
+
+    def checkpoint(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.save_fn()
+        write_log(self.out_dir / LOG_FILE, self.log)
+        if self.keep_state:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
+                        "log": self.log, "generator": self.generator.get_state(),
+                        "torch_rng": torch.get_rng_state()}, self.state_path)
+
+    def evaluate(self) -> dict:
+        self.model.eval()
+        with torch.no_grad():
+            metrics = self.evaluate_fn()
+        self.model.train()
+        return metrics
+
+    def run(self, progress: bool = True) -> list[dict]:
+        """Train up to ``cfg.steps`` (or until ``cfg.max_minutes`` are spent); returns the log."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        if self.generator is None:
+            self.generator = torch.Generator().manual_seed(cfg.seed + self.step)
+        run_started = time.monotonic()
+        started = run_started - 60 * (self.log[-1]["minutes"] if self.log else 0.0)  # cumulative on resume
+        checkpoint_every = cfg.checkpoint_every or cfg.eval_every
+        self.model.train()
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=self.desc, disable=not progress)
+        while self.step < cfg.steps:
+            for group in self.opt.param_groups:
+                group["lr"] = cfg.lr * warmup_cosine(self.step, cfg.warmup, cfg.steps)
+            loss = self.loss_fn(self.sample(self.generator))
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip)
+            self.opt.step()
+            self.step += 1
+            bar.update(1)
+            out_of_time = cfg.max_minutes is not None and time.monotonic() - run_started > 60 * cfg.max_minutes
+            last = self.step == cfg.steps or out_of_time
+            if self.step % cfg.eval_every == 0 or last:
+                self.log.append({"step": self.step, "train_loss": loss.item(), **self.evaluate(),
+                                 "minutes": (time.monotonic() - started) / 60})
+                bar.set_postfix({k: f"{v:.3f}" for k, v in self.log[-1].items() if "agreement" in k})
+            if self.step % checkpoint_every == 0 or last:
+                self.checkpoint()
+            if out_of_time:
+                break
+        bar.close()
+        self.model.eval()
+        return self.log
