@@ -6,17 +6,13 @@ from specdec_lite.repro import articles
 from specdec_lite.repro.exact import exact_target_distribution
 from specdec_lite.repro.stats import chi_square_pvalue
 from specdec_lite.repro.toy import article000_pair
+from specdec_lite.repro.unbiased import marginal_law
 
 
 def target_law_at(positions, gamma=4):
     """Exact law of the target's tokens at the given output positions, after the initial token 0."""
     target, _ = article000_pair()
-    full = exact_target_distribution(target, [0], max(positions))
-    law = {}
-    for seq, p in full.items():
-        key = tuple(seq[j - 1] for j in positions)
-        law[key] = law.get(key, 0.0) + p
-    return law
+    return marginal_law(exact_target_distribution(target, [0], max(positions)), positions)
 
 
 def test_article000_listing_is_biased_at_the_bonus_position():

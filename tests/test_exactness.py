@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
+from specdec_lite.repro import unbiased
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import MUTANTS, patched
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
@@ -52,10 +53,7 @@ def test_exact_law_with_point_mass_ngram_draft(pair):
 
 # ---------------------------------------------------------------- Monte Carlo through the loop
 def first_tokens(target, draft, n_samples=N_SAMPLES, seed=0, sampling=sd.SamplingParams()):
-    prompt = torch.zeros(n_samples, 1, dtype=torch.long)
-    gen = sd.speculative_generate(target, draft, prompt, gamma=GAMMA, max_new_tokens=N_TOKENS,
-                                  sampling=sampling, seed=seed)
-    return torch.stack(gen.sequences).numpy()
+    return unbiased.first_tokens(target, draft, n_samples, GAMMA, N_TOKENS, seed=seed, sampling=sampling)
 
 
 def chi_square(samples, law):

@@ -68,14 +68,95 @@ def test_simulated_speedup_matches_theory():
     assert sim == pytest.approx(theory.speedup(0.8, 4, 0.1), abs=0.03)
 
 
-def test_forward_seconds_and_bandwidth_are_measured():
+class FakeClock:
+    """Returns 0 then advances by the next interval at every second call: timed(fn) measures the intervals in
+    order, whatever fn costs."""
+
+    def __init__(self, intervals):
+        self.intervals, self.now, self.calls = list(intervals), 0.0, 0
+
+    def __call__(self):
+        if self.calls % 2:
+            self.now += self.intervals[self.calls // 2]
+        self.calls += 1
+        return self.now
+
+
+def test_forward_seconds_are_medians_of_the_timed_repeats_after_a_warm_up():
     from specdec_lite.repro import bench
 
     from conftest import tiny_llama
 
-    seconds = bench.forward_seconds(tiny_llama(), context_len=8, new_tokens=(1, 3), repeats=3)
-    assert set(seconds) == {1, 3} and all(s > 0 for s in seconds.values())
-    assert bench.memory_bandwidth_gbs(megabytes=16, repeats=2) > 0.1
+    # per k: one warm-up (100 s, dropped) then 3 timed forwards
+    clock = FakeClock([100, 1, 2, 9, 100, 4, 6, 5])
+    seconds = bench.forward_seconds(tiny_llama(), context_len=8, new_tokens=(1, 3), repeats=3, clock=clock)
+    assert seconds == {1: 2.0, 3: 5.0}
+    assert clock.calls == 16
+    with pytest.raises(ValueError, match="repeats"):
+        bench.forward_seconds(tiny_llama(), repeats=0)
+    with pytest.raises(ValueError, match="new_tokens"):
+        bench.forward_seconds(tiny_llama(), new_tokens=(0, 2))
+
+
+def test_memory_bandwidth_is_twice_the_bytes_over_the_median_copy_time():
+    from specdec_lite.repro import bench
+
+    clock = FakeClock([0.01, 0.02, 0.5])
+    assert bench.memory_bandwidth_gbs(megabytes=16, repeats=3, clock=clock) == pytest.approx(2 * 16 * 2**20 / 0.02 / 1e9)
+    assert bench.memory_bandwidth_gbs(megabytes=16, repeats=2) > 0.1  # the real clock
+    with pytest.raises(ValueError):
+        bench.memory_bandwidth_gbs(megabytes=0)
+
+
+def test_costs_are_the_documented_ratios_of_medians():
+    from specdec_lite.repro import costs
+
+    from conftest import tiny_llama
+
+    # target forwards over 1, 2, 3 tokens take 2, 3, 5 s; the draft's step 0.5 s (each after a 50 s warm-up)
+    clock = FakeClock([50, 2, 50, 3, 50, 5, 50, 0.5])
+    measured = costs.measure(tiny_llama(), tiny_llama(layers=1), gammas=[1, 2], repeats=1, context_len=8, clock=clock)
+    assert measured.target_seconds == {1: 2, 2: 3, 3: 5} and measured.draft_seconds == 0.5
+    assert measured.v == {1: 1.5, 2: 2.5}  # v(gamma) = T(gamma + 1) / T(1)
+    assert measured.c == 0.25  # c = T_draft(1) / T_target(1)
+    assert measured.v_at(2) == 2.5 and measured.v_at(7) == 2.5  # flat past the largest gamma measured
+    assert costs.verification_costs({1: 2.0, 5: 3.0}, [4]) == {4: 1.5}
+    with pytest.raises(ValueError, match="forward time for"):
+        costs.verification_costs({1: 2.0, 5: 3.0}, [3])
+    with pytest.raises(ValueError, match="gammas"):
+        costs.measure(tiny_llama(), gammas=[0])
+    no_draft = costs.measure(tiny_llama(), gammas=[2], repeats=1, context_len=8, clock=FakeClock([9, 4, 9, 6]))
+    assert no_draft.v == {2: 1.5} and np.isnan(no_draft.c)
+
+
+def test_costs_by_batch_measures_v_at_each_batch_size():
+    from specdec_lite.repro import costs
+
+    from conftest import tiny_llama
+
+    table = costs.by_batch(tiny_llama(), [1, 2], gamma=2, repeats=1)
+    assert list(table.columns) == ["batch", "v(2) = T(3 tokens)/T(1 token)"] and list(table.batch) == [1, 2]
+    assert (table.iloc[:, 1] > 0).all()
+
+
+def test_latency_example_is_article002s_arithmetic():
+    # alpha 0.7, K 8: E[N] = (1 - 0.7^9) / 0.3 = 3.1997...; 200 tokens take 62.51 rounds of 8 x 1 + 10 = 18 ms
+    en = (1 - 0.7 ** 9) / 0.3
+    ex = theory.latency_example(0.7, gamma=8, tokens=200, target_ms=10, draft_ms=1)
+    assert ex["E[N]"] == pytest.approx(en)
+    assert ex["rounds"] == pytest.approx(200 / en)
+    assert ex["latency ms"] == pytest.approx(200 / en * 18)
+    assert ex["speedup"] == pytest.approx(2000 / (200 / en * 18)) and round(ex["speedup"], 2) == 1.78
+    assert round(theory.latency_example(0.3)["speedup"], 2) == 0.79
+    with pytest.raises(ValueError):
+        theory.latency_example(0.5, target_ms=0)
+
+
+def test_memory_floor_is_weights_over_bandwidth():
+    assert theory.memory_floor_ms(14e9, 2000) == pytest.approx(7.0)  # 7B fp16 on 2 TB/s
+    assert theory.memory_floor_ms(540e6, 44.0) == pytest.approx(540e6 / 44e9 * 1000)
+    with pytest.raises(ValueError):
+        theory.memory_floor_ms(1e9, 0)
 
 
 def test_acceptance_summaries():

@@ -152,15 +152,19 @@ def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), re
     return out
 
 
-def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
-    """Measured copy bandwidth (read + write) of this machine in GB/s: the median of copying a large tensor."""
+def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5, clock=None) -> float:
+    """Measured copy bandwidth (read + write) of this machine in GB/s: 2 x the tensor's bytes over the median
+    time of copying it. ``clock``: a function returning seconds (default ``time.perf_counter``)."""
+    if megabytes < 1 or repeats < 1:
+        raise ValueError(f"need megabytes >= 1 and repeats >= 1, got {megabytes}, {repeats}")
+    now = clock or time.perf_counter
     src = torch.empty(megabytes * 2**20 // 4, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = now()
         dst.copy_(src)
-        times.append(time.perf_counter() - start)
+        times.append(now() - start)
     return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 

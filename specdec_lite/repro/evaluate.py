@@ -113,6 +113,88 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([per_task, overall], ignore_index=True)
 
 
+def run_over_gammas(target, tokenizer, drafts: dict, prompts, gammas, **kwargs) -> pd.DataFrame:
+    """``run_prompts`` once per gamma (same prompts, same other settings), rows stacked; column gamma says which."""
+    return pd.concat([run_prompts(target, tokenizer, drafts, prompts, gamma=g, **kwargs).assign(gamma=g)
+                      for g in gammas], ignore_index=True)
+
+
+# Article 003's table (A100, pair unstated): acceptance and speedup per task.
+ARTICLE_003 = pd.DataFrame({"task": ["code", "summarization", "dialogue", "translation"],
+                            "article acceptance": [0.85, 0.75, 0.55, 0.80], "article speedup": [2.8, 2.2, 1.6, 2.5]})
+
+
+def speculative_rows(runs: pd.DataFrame, temperature: float | None = None) -> pd.DataFrame:
+    """The rows of ``run_prompts`` for the drafts (not the baseline), at one temperature if given."""
+    spec = runs[runs["method"] != "autoregressive"]
+    return spec if temperature is None else spec[spec["temperature"] == temperature]
+
+
+def article003_side_by_side(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the greedy per-task rows of ``summary`` for the article's tasks, one row per task with every method's
+    alpha and speedup beside the article's). ``summary``: ``summarize`` with a temperature column."""
+    greedy = summary[(summary.temperature == 0) & summary.task.isin(ARTICLE_003.task)]
+    side = greedy.pivot(index="task", columns="method", values="alpha").add_prefix("alpha: ").join(
+        greedy.pivot(index="task", columns="method", values="speedup").add_prefix("speedup: "))
+    return greedy, side.reset_index().merge(ARTICLE_003, on="task")
+
+
+def best_method(greedy: pd.DataFrame) -> str:
+    """The method with the highest median speedup over the given rows."""
+    return greedy.groupby("method").speedup.median().idxmax()
+
+
+def method_by_task(greedy: pd.DataFrame, method: str, column: str) -> pd.Series:
+    """One method's ``column`` per task, in the article's task order (nan for a task not measured)."""
+    return greedy[greedy.method == method].set_index("task")[column].reindex(ARTICLE_003.task)
+
+
+def geomean_speedups(summary: pd.DataFrame, temperature: float = 0.0) -> dict:
+    """{method: geometric mean over tasks of the per-task median speedup} at one temperature."""
+    overall = summary[(summary.temperature == temperature) & (summary.task == "overall (median)")]
+    return overall.set_index("method").speedup_geomean_tasks.to_dict()
+
+
+def acceptance_by_position_table(spec_runs: pd.DataFrame, gamma: int) -> pd.DataFrame:
+    """Mean P(draft i accepted | drafts before it accepted) per method and temperature, one row per position."""
+    cols = [f"accept_pos{i}" for i in range(1, gamma + 1)]
+    by_pos = spec_runs.groupby(["method", "temperature"])[cols].mean().reset_index().melt(
+        id_vars=["method", "temperature"], var_name="position", value_name="acceptance")
+    by_pos["position"] = by_pos.position.str.replace("accept_pos", "").astype(int)
+    return by_pos
+
+
+def _ints(text) -> list:
+    return [int(x) for x in str(text).split()]
+
+
+def acceptance_along_output(spec_runs: pd.DataFrame, bucket: int = 32) -> pd.DataFrame:
+    """``acceptance_by_output_position`` of every run (its per-round accepted and proposed lengths, as
+    ``run_prompts`` stores them): one row per (run, bucket) with method, temperature, output position, alpha."""
+    rows = []
+    for r in spec_runs.itertuples():
+        along = acceptance_by_output_position(_ints(r.accepted_lengths), _ints(r.proposed_lengths), bucket=bucket)
+        rows.extend({"method": r.method, "temperature": r.temperature, "output position": start, "alpha": a}
+                    for start, a in along.items())
+    return pd.DataFrame(rows, columns=["method", "temperature", "output position", "alpha"])
+
+
+def output_drops(along: pd.DataFrame) -> dict:
+    """{method: mean alpha in its first output bucket - mean alpha in its last} (means over runs), for the
+    methods measured in more than one bucket."""
+    trend = along.groupby(["method", "output position"]).alpha.mean().unstack(0)
+    return {m: trend[m].dropna().iloc[0] - trend[m].dropna().iloc[-1] for m in trend if trend[m].notna().sum() > 1}
+
+
+def speedup_by_length(target, tokenizer, name: str, draft, prompts, lengths, gamma: int = 4) -> pd.DataFrame:
+    """Median speedup of one draft over the baseline (greedy, same prompts) for each max_new_tokens."""
+    rows = []
+    for n in lengths:
+        r = run_prompts(target, tokenizer, {name: draft}, prompts, gamma=gamma, max_new_tokens=n, progress=False)
+        rows.append({"max_new_tokens": n, "speedup": speculative_rows(r).speedup.median()})
+    return pd.DataFrame(rows)
+
+
 DEFAULT_DRAFTS = ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-medusa", "n-gram", "layer-skip")
 
 

@@ -88,3 +88,23 @@ def simulate_speedup(alpha: float, gamma: int, c: float, v: float = 1.0, rows: i
     gen = speculative_generate(target, draft, torch.zeros(rows, 1, dtype=torch.long), gamma=gamma,
                                max_new_tokens=tokens, seed=seed)
     return gen.stats.mean_accepted_length / (gamma * c + v)
+
+
+def latency_example(alpha: float, gamma: int = 8, tokens: int = 200, target_ms: float = 10.0,
+                    draft_ms: float = 1.0) -> dict:
+    """Article 002's latency arithmetic (C9): ``tokens`` tokens, one target step ``target_ms``, one draft step
+    ``draft_ms``, gamma drafts per round. A round emits E[N] tokens and costs gamma * draft_ms + target_ms (v = 1);
+    plain decoding costs tokens * target_ms. Returns E[N], rounds, latency in ms and the speedup."""
+    if tokens < 1 or target_ms <= 0 or draft_ms < 0:
+        raise ValueError(f"need tokens >= 1, target_ms > 0, draft_ms >= 0, got {tokens}, {target_ms}, {draft_ms}")
+    per_round = expected_tokens(alpha, gamma)
+    rounds = tokens / per_round
+    latency = rounds * (gamma * draft_ms + target_ms)
+    return {"E[N]": per_round, "rounds": rounds, "latency ms": latency, "speedup": tokens * target_ms / latency}
+
+
+def memory_floor_ms(weight_bytes: float, bandwidth_gbs: float) -> float:
+    """The memory-bandwidth floor of one decode step: reading every weight once, weight_bytes / bandwidth, in ms."""
+    if weight_bytes < 0 or bandwidth_gbs <= 0:
+        raise ValueError(f"need weight_bytes >= 0 and bandwidth_gbs > 0, got {weight_bytes}, {bandwidth_gbs}")
+    return weight_bytes / (bandwidth_gbs * 1e9) * 1000
