@@ -1,9 +1,12 @@
 """The reproduction of the source articles' claims: what the notebooks call.
 
-  toy, exact, stats, mutants   toy models, exact laws by enumeration, statistical tests, broken verifiers
-  articles                     the articles' own listings, rerun as published
-  theory                       expected tokens per round, speedup, optimal gamma, break-even points
-  tasks                        evaluation prompts and chat templating
-  evaluate, bench, demo        side-by-side runs against the baseline, a timing harness, a demonstration
-  claims, report               claim rows and verdicts, tables and the results document
+  toy, exact, stats, mutants     toy models, exact laws by enumeration, statistical tests, broken verifiers
+  articles                       the articles' own listings, rerun as published
+  unbiased                       the losslessness experiments (notebook 01)
+  theory, speedup_tables, costs  expected tokens, speedup, optimal gamma, break-even; the tables of notebook 02;
+                                 measured verification cost v(gamma) and draft cost c
+  tasks, evaluate                evaluation prompts and chat templating; side-by-side runs and their summaries
+  bench, demo                    a timing harness against transformers, a short demonstration
+  checks, claims, report         each claim's tolerance check, claim rows and verdicts, the results document
+  notebook                       the notebooks' shared set-up
 """
