@@ -3,10 +3,12 @@
 Every card has the same parts: a title and a paragraph on how to load the model, its architecture and size,
 its training data, its training (settings, then the loss curve from ``training_log.jsonl``) and, when given,
 the held-out acceptance on the evaluation prompts. ``write_card`` lays them out; ``draft_card`` and
-``head_card`` fill them in for each kind of draft.
+``head_card`` fill them in for each kind of draft. ``trained_on`` reads back, from a card, which corpus records
+its checkpoint was trained on (for rewriting the card of a checkpoint without retraining it).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..drafts.heads import parameter_count
@@ -32,6 +34,26 @@ def write_card(out_dir: Path, title: str, intro: str, architecture: str, data: s
     text = "\n".join(lines) + "\n"
     (Path(out_dir) / "README.md").write_text(text)
     return text
+
+
+_TRAINING_DATA = re.compile(r"^(\d+) (?:replies|records) written by the target \((\d+) reply tokens", re.M)
+
+
+def trained_on(out_dir: Path, index: list[dict]) -> list[dict]:
+    """The entries of ``index`` (the corpus index, which only grows) that the checkpoint in ``out_dir`` was trained
+    on: the first N, N the record count its model card states; the reply tokens it states must agree."""
+    card = Path(out_dir) / "README.md"
+    found = _TRAINING_DATA.search(card.read_text()) if card.is_file() else None
+    if found is None:
+        raise FileNotFoundError(f"{card} does not say which records the checkpoint was trained on: restore its "
+                                "model card (git checkout -- data/drafts/<name>) or retrain it (retrain = True)")
+    records, reply_tokens = int(found.group(1)), int(found.group(2))
+    used = index[:records]
+    if len(used) < records or sum(e["gen_len"] for e in used) != reply_tokens:
+        raise ValueError(f"the corpus index ({len(index)} records) does not begin with the {records} records "
+                         f"({reply_tokens} reply tokens) the card in {out_dir} names: give the corpus the "
+                         "checkpoint was trained on")
+    return used
 
 
 def draft_card(out_dir: Path, draft, target_name: str, corpus_index: list, log: list, cfg, evaluation=None) -> str:

@@ -7,7 +7,8 @@ Recipe (run by ``notebooks/00_train_draft.ipynb``):
    0.5 * cross-entropy on the target's own tokens + 0.5 * cross-entropy against the top-k soft labels.
 The result is a plain transformers model (``save_pretrained``), usable as a draft anywhere. The optimisation
 itself (schedule, clipping, evaluation, checkpoints, time budget) is ``loop.TrainingLoop``; the model card is
-``cards.draft_card``.
+``cards.draft_card``. ``load_trained`` reads a finished checkpoint back (model, training config, log), to
+re-evaluate it and rewrite its card without retraining.
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from .batching import padded
-from .loop import CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, write_config, write_log
+from .loop import (CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, read_config, read_log, require_checkpoint,
+                   write_config, write_log)
+
+DRAFT_FILES = ("config.json", "model.safetensors", CONFIG_FILE, LOG_FILE)  # a finished draft checkpoint
 
 
 @dataclass
@@ -201,6 +205,16 @@ def save_draft(draft, out_dir: Path, log=None, cfg: TrainConfig | None = None) -
         write_log(out_dir / LOG_FILE, log)
     if cfg is not None:
         write_config(out_dir / CONFIG_FILE, cfg)
+
+
+def load_trained(out_dir: Path, device: str = "cpu"):
+    """(draft in float32 and eval mode, its ``TrainConfig``, its log) from a finished checkpoint folder, as
+    ``train_draft`` saved it; nothing is written. A missing or incomplete folder is refused, saying what to do."""
+    from transformers import AutoModelForCausalLM
+
+    out_dir = require_checkpoint(out_dir, DRAFT_FILES, "draft")
+    draft = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).to(device).eval()
+    return draft, read_config(out_dir / CONFIG_FILE, TrainConfig), read_log(out_dir / LOG_FILE)
 
 
 def directory_megabytes(path: Path) -> float:

@@ -15,6 +15,8 @@ Losses count only positions whose predicted token lies in a reply (the prompt is
 (5%) give the greedy agreement per head position (argmax over the sub-vocabulary equals the target's).
 The optimisation (schedule, clipping, evaluation, checkpoints with the optimizer and random states, time budget,
 resume) is ``loop.TrainingLoop``; the model card is ``cards.head_card``. A rerun resumes from the checkpoints.
+``HeadTrainer.from_checkpoint`` reads a finished checkpoint back without training data (head, configs, log), to
+re-evaluate it and rewrite its card without retraining.
 """
 from __future__ import annotations
 
@@ -25,13 +27,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..drafts.heads import HeadConfig, OutputLayer, build_head, read_head, save_head
+from ..drafts.heads import HeadConfig, OutputLayer, build_head, check_head_target, read_head, save_head
 from ..paths import HEAD_CONFIG
 from .batching import padded
 from .corpus import load_records
 from .draft import frequent_tokens
 from .features import load_features
-from .loop import CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, read_log, write_config
+from .loop import (CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, read_config, read_log, require_checkpoint,
+                   write_config)
 
 
 @dataclass
@@ -51,6 +54,7 @@ class HeadTrainConfig:
 
 
 HEAD_KINDS = ("eagle", "medusa")
+HEAD_FILES = (HEAD_CONFIG, "head.safetensors", CONFIG_FILE, LOG_FILE)  # a finished head checkpoint
 
 
 def check_kinds(kinds) -> list[str]:
@@ -143,14 +147,17 @@ def medusa_loss(head, output: OutputLayer, batch, cfg: HeadTrainConfig, train: b
 
 class HeadTrainer:
     """One training run of one head kind with ``loop.TrainingLoop``; ``run`` resumes from ``out_dir`` when a
-    checkpoint is there."""
+    checkpoint is there. ``from_checkpoint`` gives the trainer of a finished checkpoint without training data."""
 
-    def __init__(self, target, head_cfg: HeadConfig, data: FeatureDataset, cfg: HeadTrainConfig, out_dir: Path):
+    def __init__(self, target, head_cfg: HeadConfig, data: FeatureDataset | None, cfg: HeadTrainConfig,
+                 out_dir: Path):
         self.target, self.head_cfg, self.data, self.cfg = target, head_cfg, data, cfg
         self.out_dir = Path(out_dir)
         self.embed = target.get_input_embeddings()
         vocab = head_cfg.vocab_size
-        if head_cfg.sub_vocab_size:
+        if data is None:  # from_checkpoint: the sub-vocabulary is the checkpoint's
+            self.vocab_ids = None
+        elif head_cfg.sub_vocab_size:
             self.vocab_ids = frequent_tokens(data.sequences(), vocab, head_cfg.sub_vocab_size)
             eos = target.config.eos_token_id
             eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -164,22 +171,35 @@ class HeadTrainer:
         self.loop = TrainingLoop(self.head, lambda batch: self.loss(batch)[0], self.sample, self.evaluate,
                                  LoopConfig.of(cfg, betas=(0.9, 0.95)), self.save, self.out_dir, keep_state=True,
                                  desc=f"{head_cfg.kind} training")
-        self._resume()
+        self._resume(full=data is not None)
+
+    @classmethod
+    def from_checkpoint(cls, target, out_dir: Path, kind: str | None = None) -> "HeadTrainer":
+        """The trainer of a finished checkpoint as it was committed: its head (float16 weights, as float32), head
+        config, training config (``training_config.json``) and log (``training_log.jsonl``), for the model card
+        and the evaluation; nothing is read from ``training_state.pt`` and nothing is written. ``kind``: refuse a
+        checkpoint of another kind. It has no training data, so it cannot ``run``."""
+        out_dir = require_checkpoint(out_dir, HEAD_FILES, "head")
+        _, head_cfg, _ = read_head(out_dir)
+        if kind is not None and head_cfg.kind != kind:
+            raise ValueError(f"{out_dir} holds a {head_cfg.kind} head, not a {kind} head; give another folder")
+        check_head_target(head_cfg, target)
+        return cls(target, head_cfg, None, read_config(out_dir / CONFIG_FILE, HeadTrainConfig), out_dir)
 
     step = property(lambda self: self.loop.step)
     log = property(lambda self: self.loop.log)
 
-    def _resume(self):
+    def _resume(self, full: bool = True):
         """Full resume from ``training_state.pt`` (float32 head, optimizer, log, random states; kept out of git),
-        else a warm start from a committed checkpoint (float16 head and its log; the optimizer's moments start
-        afresh, the batches from seed + step)."""
+        else (and always when not ``full``) a warm start from a committed checkpoint (float16 head and its log;
+        the optimizer's moments start afresh, the batches from seed + step)."""
         if not (self.out_dir / HEAD_CONFIG).exists():
             return
         head, cfg, vocab_ids = read_head(self.out_dir)
         if cfg.kind != self.head_cfg.kind or cfg.target_fingerprint != self.head_cfg.target_fingerprint:
             raise ValueError(f"{self.out_dir} holds a {cfg.kind} head for target {cfg.target} "
                              f"({cfg.target_fingerprint}); give another out_dir or name")
-        if not self.loop.resume():
+        if not (full and self.loop.resume()):
             self.head.load_state_dict(head.state_dict())
             self.loop.log = read_log(self.out_dir / LOG_FILE)
             self.loop.step = self.loop.log[-1]["step"] if self.loop.log else 0
@@ -213,6 +233,9 @@ class HeadTrainer:
         write_config(self.out_dir / CONFIG_FILE, self.cfg)
 
     def run(self, progress: bool = True, max_minutes: float | None = None) -> list[dict]:
+        if self.data is None:
+            raise ValueError("this trainer was made from a checkpoint without training data; make one with "
+                             "HeadTrainer(target, head_cfg, data, cfg, out_dir) to train")
         self.loop.cfg = replace(self.loop.cfg, max_minutes=max_minutes)
         return self.loop.run(progress)
 

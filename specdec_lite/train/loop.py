@@ -6,14 +6,17 @@ last step) it evaluates on held-out data and appends a log entry; every ``checkp
 end) it calls ``save()`` and writes the log to ``out_dir/training_log.jsonl``. With ``keep_state`` it also writes
 ``out_dir/training_state.pt`` (float32 weights, optimizer, step, log, random states), from which a new loop over
 the same folder resumes exactly where the old one stopped. ``max_minutes`` bounds one call of ``run``: when it
-is spent the loop evaluates, saves and returns.
+is spent the loop evaluates, saves and returns. ``read_log`` and ``read_config`` read a finished checkpoint's
+log and settings back, ``require_checkpoint`` refuses an incomplete folder saying what to do, and
+``copy_checkpoint`` copies a checkpoint elsewhere (reading its source only).
 """
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,8 +63,49 @@ def write_config(path: Path, cfg) -> None:
 
 
 def read_log(path: Path) -> list[dict]:
+    """The entries of a ``training_log.jsonl`` (none when there is no such file)."""
     path = Path(path)
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def read_config(path: Path, cls):
+    """A training config dataclass ``cls`` from its ``training_config.json`` (as ``write_config`` wrote it)."""
+    values = json.loads(Path(path).read_text())
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{path} has settings {cls.__name__} does not know: {unknown}")
+    return cls(**values)
+
+
+def require_checkpoint(out_dir: Path, files, what: str) -> Path:
+    """``out_dir``, after checking that it holds every file of a finished checkpoint; else a FileNotFoundError
+    that names the missing files and what to do."""
+    out_dir = Path(out_dir)
+    missing = [f for f in files if not (out_dir / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{out_dir} is not a finished {what} checkpoint: missing {', '.join(missing)}. Train it first "
+            "(the training notebook with retrain = True), or restore the shipped one "
+            "(git checkout -- data/drafts/<name>)")
+    return out_dir
+
+
+def copy_checkpoint(source: Path, out_dir: Path) -> Path:
+    """Copy the files of a checkpoint folder into ``out_dir`` (nothing when both are the same folder); the source
+    is only read, and a ``training_state.pt`` in ``out_dir`` (of whatever was there) is removed. Returns
+    ``out_dir``. A smoke run reuses a shipped checkpoint this way without writing to it."""
+    source, out_dir = Path(source), Path(out_dir)
+    if not source.is_dir():
+        raise FileNotFoundError(f"no checkpoint folder {source}: train it first (retrain = True) or restore it "
+                                "(git checkout -- data/drafts/<name>)")
+    if out_dir.resolve() != source.resolve():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / STATE_FILE).unlink(missing_ok=True)
+        for f in source.iterdir():
+            if f.is_file() and f.name != STATE_FILE:
+                shutil.copyfile(f, out_dir / f.name)
+    return out_dir
 
 
 class TrainingLoop:
