@@ -1,7 +1,7 @@
 """Finished checkpoints read back without retraining: the standalone draft (train.draft.load_trained) and the heads
 (train.heads.HeadTrainer.from_checkpoint) return the weights, training config and log that training saved; a
 missing or incomplete folder is refused with what to do; copy_checkpoint only reads its source; the card names
-the records it was trained on (cards.trained_on)."""
+the records it was trained on (training_data.json, cards.trained_on)."""
 import hashlib
 import json
 
@@ -88,7 +88,7 @@ def test_copy_checkpoint_reads_its_source_only(trained_draft, tmp_path):
         copy_checkpoint(tmp_path / "nowhere", tmp_path / "copy2")
 
 
-def test_the_card_names_the_records_the_checkpoint_was_trained_on(trained_draft, tmp_path):
+def test_the_checkpoint_records_the_corpus_records_it_was_trained_on(trained_draft, tmp_path):
     out, _, _, _, index = trained_draft
     longer = index + [{"gen_len": 5, "temperature": 0.7, "family": "chat"}] * 3  # the corpus grew since
     assert cards.trained_on(out, longer) == index
@@ -137,7 +137,11 @@ def test_head_checkpoint_round_trips_without_training_data(target, tmp_path, kin
     with pytest.raises(ValueError, match=f"not a {other} head"):
         HeadTrainer.from_checkpoint(target, tmp_path / "head", other)
     (tmp_path / "head" / "README.md").unlink()
-    assert digests(tmp_path / "head") == before  # only the card was written
+    written = {"README.md", cards.TRAINING_DATA}  # only the card and the record of its training data
+    assert {k: v for k, v in digests(tmp_path / "head").items() if k not in written} == \
+        {k: v for k, v in before.items() if k not in written}
+    used = json.loads((tmp_path / "head" / cards.TRAINING_DATA).read_text())
+    assert used == {"records": 10, "reply_tokens": 110}
     (tmp_path / "head" / CONFIG_FILE).unlink()
     with pytest.raises(FileNotFoundError, match=CONFIG_FILE):
         HeadTrainer.from_checkpoint(target, tmp_path / "head", kind)

@@ -3,12 +3,13 @@
 Every card has the same parts: a title and a paragraph on how to load the model, its architecture and size,
 its training data, its training (settings, then the loss curve from ``training_log.jsonl``) and, when given,
 the held-out acceptance on the evaluation prompts. ``write_card`` lays them out; ``draft_card`` and
-``head_card`` fill them in for each kind of draft. ``trained_on`` reads back, from a card, which corpus records
-its checkpoint was trained on (for rewriting the card of a checkpoint without retraining it).
+``head_card`` fill them in for each kind of draft. Each card also records, in ``training_data.json`` beside it,
+how many corpus records (and reply tokens) the checkpoint was trained on; ``trained_on`` reads that back, for
+rewriting the card of a checkpoint without retraining it.
 """
 from __future__ import annotations
 
-import re
+import json
 from pathlib import Path
 
 from ..drafts.heads import parameter_count
@@ -36,24 +37,30 @@ def write_card(out_dir: Path, title: str, intro: str, architecture: str, data: s
     return text
 
 
-_TRAINING_DATA = re.compile(r"^(\d+) (?:replies|records) written by the target \((\d+) reply tokens", re.M)
+TRAINING_DATA = "training_data.json"  # {"records": N, "reply_tokens": M}: the first N records of the corpus
+
+
+def record_training_data(out_dir: Path, corpus_index: list[dict]) -> None:
+    """Write which corpus records (the first N of the index, which only grows) a checkpoint was trained on."""
+    used = {"records": len(corpus_index), "reply_tokens": sum(e["gen_len"] for e in corpus_index)}
+    (Path(out_dir) / TRAINING_DATA).write_text(json.dumps(used, indent=1) + "\n")
 
 
 def trained_on(out_dir: Path, index: list[dict]) -> list[dict]:
     """The entries of ``index`` (the corpus index, which only grows) that the checkpoint in ``out_dir`` was trained
-    on: the first N, N the record count its model card states; the reply tokens it states must agree."""
-    card = Path(out_dir) / "README.md"
-    found = _TRAINING_DATA.search(card.read_text()) if card.is_file() else None
-    if found is None:
-        raise FileNotFoundError(f"{card} does not say which records the checkpoint was trained on: restore its "
-                                "model card (git checkout -- data/drafts/<name>) or retrain it (retrain = True)")
-    records, reply_tokens = int(found.group(1)), int(found.group(2))
-    used = index[:records]
-    if len(used) < records or sum(e["gen_len"] for e in used) != reply_tokens:
+    on: the first N, N from its ``training_data.json``; the reply tokens recorded there must agree."""
+    path = Path(out_dir) / TRAINING_DATA
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing, so it is not known which records the checkpoint was trained "
+                                "on: restore it (git checkout -- data/drafts/<name>) or retrain (retrain = True)")
+    used = json.loads(path.read_text())
+    records, reply_tokens = int(used["records"]), int(used["reply_tokens"])
+    first = index[:records]
+    if len(first) < records or sum(e["gen_len"] for e in first) != reply_tokens:
         raise ValueError(f"the corpus index ({len(index)} records) does not begin with the {records} records "
-                         f"({reply_tokens} reply tokens) the card in {out_dir} names: give the corpus the "
+                         f"({reply_tokens} reply tokens) {out_dir} was trained on: give the corpus the "
                          "checkpoint was trained on")
-    return used
+    return first
 
 
 def draft_card(out_dir: Path, draft, target_name: str, corpus_index: list, log: list, cfg, evaluation=None) -> str:
@@ -63,6 +70,7 @@ def draft_card(out_dir: Path, draft, target_name: str, corpus_index: list, log: 
     reply_tokens = sum(e["gen_len"] for e in corpus_index)
     temps = sorted({e["temperature"] for e in corpus_index})
     families = sorted({e["family"] for e in corpus_index})
+    record_training_data(out_dir, corpus_index)
     return write_card(
         out_dir, f"{out_dir.name}: a draft model for {target_name}",
         "Trained by specdec_lite (`notebooks/00_train_draft.ipynb`) from the target alone. A plain transformers "
@@ -106,6 +114,7 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None) -> st
                 "target's own output layer.")
         loss = "mean over heads of the cross-entropy against the target's distribution of that token"
     heldout = [k for k in (trainer.log[-1] if trainer.log else {}) if k.startswith("heldout_")]
+    record_training_data(out_dir, corpus_index)
     return write_card(
         out_dir, f"{out_dir.name}: {'an EAGLE-style head' if hc.kind == 'eagle' else 'Medusa heads'} for {hc.target}",
         "Trained by specdec_lite (`notebooks/00_train_heads.ipynb`) from the target alone. Load it with "
