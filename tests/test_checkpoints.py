@@ -145,3 +145,22 @@ def test_head_checkpoint_round_trips_without_training_data(target, tmp_path, kin
     (tmp_path / "head" / CONFIG_FILE).unlink()
     with pytest.raises(FileNotFoundError, match=CONFIG_FILE):
         HeadTrainer.from_checkpoint(target, tmp_path / "head", kind)
+
+
+def test_train_or_load_trains_or_reads_back_the_same_head(target, tmp_path):
+    from specdec_lite.train.heads import describe, train_or_load
+
+    g = torch.Generator().manual_seed(2)
+    records = [({"prompt_len": 3, "offset": 14 * i}, torch.randint(0, 64, (14,), generator=g).numpy()) for i in range(10)]
+    feats = torch.randn(140, 32, generator=g).numpy().astype(np.float16)
+    data = FeatureDataset(records, feats, HeadTrainConfig(heldout_fraction=0.2))
+    with pytest.raises(ValueError, match="training data"):
+        train_or_load(target, "tiny", "medusa", tmp_path / "h", None, retrain=True, steps=4)
+    trained = train_or_load(target, "tiny", "medusa", tmp_path / "h", data, retrain=True, steps=4, batch_size=2,
+                            sub_vocab_size=16, num_heads=2, progress=False)
+    assert trained.step == 4 and trained.cfg.eval_every == 1 and trained.cfg.warmup == 2
+    assert describe(trained).startswith("medusa: ") and "4 steps, 8 training / 2 held-out records" in describe(trained)
+    loaded = train_or_load(target, "tiny", "medusa", tmp_path / "h", None, retrain=False, steps=999)
+    assert loaded.step == 4 and loaded.log == json.loads(json.dumps(trained.log)) and describe(loaded).endswith("as shipped")
+    expected = half_rounded(trained.head.state_dict())
+    assert all(torch.equal(v, expected[k]) for k, v in loaded.head.state_dict().items())

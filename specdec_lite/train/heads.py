@@ -27,7 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..drafts.heads import HeadConfig, OutputLayer, build_head, check_head_target, read_head, save_head
+from ..drafts.heads import (HeadConfig, OutputLayer, build_head, check_head_target, head_config_for,
+                            parameter_count, read_head, save_head)
 from ..paths import HEAD_CONFIG
 from .batching import padded
 from .corpus import load_records
@@ -238,6 +239,31 @@ class HeadTrainer:
                              "HeadTrainer(target, head_cfg, data, cfg, out_dir) to train")
         self.loop.cfg = replace(self.loop.cfg, max_minutes=max_minutes)
         return self.loop.run(progress)
+
+
+def train_or_load(target, target_name: str, kind: str, out_dir: Path, data: FeatureDataset | None, *,
+                  retrain: bool, steps: int, batch_size: int = 8, seed: int = 0, sub_vocab_size: int = 8192,
+                  num_heads: int = 4, max_minutes: float | None = None, progress: bool = True) -> HeadTrainer:
+    """The trainer of one head in ``out_dir``: trained on ``data`` for ``steps`` (resuming what is there) when
+    ``retrain``, else the finished checkpoint as it is (``HeadTrainer.from_checkpoint``; ``data`` unused)."""
+    if not retrain:
+        return HeadTrainer.from_checkpoint(target, out_dir, kind)
+    if data is None:
+        raise ValueError("retrain needs training data: give load_dataset(...)'s dataset")
+    cfg = HeadTrainConfig(steps=steps, batch_size=batch_size, seed=seed, eval_every=max(1, min(200, steps // 3)),
+                          warmup=min(100, steps // 4 + 1))
+    head_cfg = head_config_for(target, kind, target_name, sub_vocab_size=sub_vocab_size, num_heads=num_heads)
+    trainer = HeadTrainer(target, head_cfg, data, cfg, out_dir)
+    trainer.run(progress, max_minutes)
+    return trainer
+
+
+def describe(trainer: HeadTrainer) -> str:
+    """One line on a head: its kind, size, steps and the records it trained on (when the trainer has them)."""
+    data = (f"{len(trainer.data.train)} training / {len(trainer.data.heldout)} held-out records"
+            if trainer.data is not None else "as shipped")
+    return (f"{trainer.head_cfg.kind}: {parameter_count(trainer.head) / 1e6:.2f} M parameters, {trainer.step} steps, "
+            f"{data}")
 
 
 def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_records: int | None = None):
