@@ -125,3 +125,18 @@ def test_bad_draft_arguments():
         sd.LayerSkipDraft(target, layers=[0, 0])
     with pytest.raises(TypeError, match="draft must be"):
         sd.speculative_generate(target, "not a model", torch.tensor([[1]]))
+
+
+@pytest.mark.parametrize("name", ["/path/that/does/not/exist", "./missing-model", "~/nowhere/model", "a/b/c"])
+def test_a_model_that_is_neither_folder_nor_name_nor_hub_id_is_refused(name):
+    with pytest.raises(FileNotFoundError, match="not a folder, not a package name"):
+        sd.load_model(name, device="cpu")
+
+
+def test_hub_ids_and_folders_pass_the_name_check(tmp_path):
+    from specdec_lite.core.models import looks_like_hub_id, resolve_name
+
+    assert looks_like_hub_id("meta-llama/Llama-3.1-8B-Instruct") and looks_like_hub_id("gpt2")
+    assert not looks_like_hub_id("/abs/path") and not looks_like_hub_id("../x") and not looks_like_hub_id("a/b/c")
+    assert resolve_name(str(tmp_path)) == str(tmp_path)
+    assert resolve_name("meta-llama/Llama-3.2-1B-Instruct") == "meta-llama/Llama-3.2-1B-Instruct"
