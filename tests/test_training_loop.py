@@ -119,3 +119,16 @@ def test_learning_rate_follows_warmup_then_cosine(tmp_path):
     assert task.lrs == pytest.approx([0.05 * warmup_cosine(s, 3, 12) for s in range(12)])
     assert task.lrs[0] == pytest.approx(0.05 / 3 * 0.5 * (1 + math.cos(0)))
     assert max(task.lrs) == task.lrs[2] and task.lrs[-1] < 0.02 * 0.05
+
+
+def test_heldout_split_and_mean_over_chunks():
+    from specdec_lite.train.loop import heldout_split, mean_over_chunks
+
+    g = torch.Generator().manual_seed(0)
+    held, train = heldout_split(10, 0.2, g)
+    assert len(held) == 2 and sorted(held + train) == list(range(10))
+    assert heldout_split(10, 0.2, torch.Generator().manual_seed(0)) == (held, train)  # the seed decides the split
+    assert len(heldout_split(3, 0.01, g)[0]) == 1  # at least one record is held out
+    # chunks [0, 1], [2, 3], [4] weigh the same: mean of (0.5, 2.5, 4) and of (1, 1, 1)
+    means = mean_over_chunks([0, 1, 2, 3, 4], 2, lambda rows: {"x": sum(rows) / len(rows), "n": 1})
+    assert means == {"x": pytest.approx(7 / 3), "n": 1.0}

@@ -82,12 +82,15 @@ def resolve_name(name_or_path: str) -> str:
         if not any((path / f).exists() for f in ("config.json", HEAD_CONFIG)):
             raise FileNotFoundError(f"the trained draft is missing from {path}: run {_SHIPPED_DRAFTS[name_or_path]}")
         return str(path)
-    if not Path(name_or_path).expanduser().is_dir() and not looks_like_hub_id(str(name_or_path)):
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir():
+        return str(folder)
+    if not looks_like_hub_id(str(name_or_path)):
         raise FileNotFoundError(
             f"{name_or_path!r} is not a folder, not a package name ({', '.join([EMBEDDED_TARGET, *_SHIPPED_DRAFTS])}) "
             "and not a Hugging Face id ('org/name'): give a local folder saved with save_pretrained, one of those "
             "names, or a hub id (which needs internet or the hub cache)")
-    return str(Path(name_or_path).expanduser()) if Path(name_or_path).expanduser().is_dir() else str(name_or_path)
+    return str(name_or_path)
 
 
 def looks_like_hub_id(name: str) -> bool:

@@ -2,9 +2,10 @@
 
   corpus     text written by the target itself, stored compactly and appended to
   features   the target's last hidden states over that text, by teacher forcing
-  batching   padded batches for teacher forcing and training
+  batching   padded batches for teacher forcing and training; the most frequent reply tokens
   draft      the standalone draft model, distilled from the target's top-k soft labels
   heads      the EAGLE-style head and the Medusa heads, trained on the features
-  loop       the training loop both use (schedule, clipping, evaluation, checkpoints, time budget, resume)
+  loop       the training loop both use (schedule, clipping, held-out split and evaluation, checkpoints,
+             time budget, resume)
   cards      the model card (README.md) written beside each trained draft
 """

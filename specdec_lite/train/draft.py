@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .batching import padded
-from .loop import (CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, read_config, read_log, require_checkpoint,
-                   write_config, write_log)
+from .batching import frequent_tokens, padded
+from .loop import (CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, heldout_split, mean_over_chunks, read_config,
+                   read_log, require_checkpoint, write_config, write_log)
 
 DRAFT_FILES = ("config.json", "model.safetensors", CONFIG_FILE, LOG_FILE)  # a finished draft checkpoint
 
@@ -120,14 +120,6 @@ def _batch(sequences, soft, rows, pad_id: int):
     return ids, mask, loss_mask, soft_idx, soft_p
 
 
-def frequent_tokens(sequences, vocab_size: int, n: int = 8192) -> torch.Tensor:
-    """The n most frequent reply tokens of the training text (8,192 cover about 99.9% of it)."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for tokens, reply_start in sequences:
-        counts += torch.bincount(tokens[reply_start:], minlength=vocab_size)
-    return counts.topk(min(n, vocab_size)).indices
-
-
 def draft_loss(draft, ids, mask, loss_mask, soft_idx, soft_p, soft_weight: float, support: torch.Tensor):
     """0.5 CE on the target's tokens + 0.5 CE against the target's renormalised top-k, at the reply positions;
     also greedy agreement (draft argmax == target's top-1).
@@ -156,9 +148,7 @@ def train_draft(draft, sequences, soft, cfg: TrainConfig, out_dir: Path, progres
     and continue from it when one is there. Returns the log: step, train loss, held-out hard/soft CE and greedy
     agreement with the target."""
     g = torch.Generator().manual_seed(cfg.seed)
-    perm = torch.randperm(len(sequences), generator=g).tolist()
-    n_held = max(1, int(len(perm) * cfg.heldout_fraction))
-    held, train = perm[:n_held], perm[n_held:]
+    held, train = heldout_split(len(sequences), cfg.heldout_fraction, g)  # g then draws the batches
     pad = draft.config.pad_token_id or 0
     support = frequent_tokens([sequences[i] for i in train], draft.config.vocab_size)
 
@@ -185,13 +175,11 @@ def heldout_metrics(draft, sequences, soft, held, cfg: TrainConfig, support) -> 
     """Mean hard CE, soft CE and greedy agreement over the held-out records (the training loop runs it in eval
     mode)."""
     pad = draft.config.pad_token_id or 0
-    totals = np.zeros(3)
-    chunks = [held[i: i + cfg.batch_size] for i in range(0, len(held), cfg.batch_size)]
-    for rows in chunks:
+
+    def metrics_of(rows):
         _, hard, soft_ce, agree = draft_loss(draft, *_batch(sequences, soft, rows, pad), cfg.soft_weight, support)
-        totals += [float(hard), float(soft_ce), float(agree)]
-    hard, soft_ce, agree = totals / len(chunks)
-    return {"heldout_hard_ce": hard, "heldout_soft_ce": soft_ce, "heldout_agreement": agree}
+        return {"heldout_hard_ce": hard, "heldout_soft_ce": soft_ce, "heldout_agreement": agree}
+    return mean_over_chunks(held, cfg.batch_size, metrics_of)
 
 
 def save_draft(draft, out_dir: Path, log=None, cfg: TrainConfig | None = None) -> None:

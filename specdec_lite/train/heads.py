@@ -30,12 +30,11 @@ import torch.nn.functional as F
 from ..drafts.heads import (HeadConfig, OutputLayer, build_head, check_head_target, head_config_for,
                             parameter_count, read_head, save_head)
 from ..paths import HEAD_CONFIG
-from .batching import padded
+from .batching import frequent_tokens, padded
 from .corpus import load_records
-from .draft import frequent_tokens
 from .features import load_features
-from .loop import (CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, read_config, read_log, require_checkpoint,
-                   write_config)
+from .loop import (CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, heldout_split, mean_over_chunks, read_config,
+                   read_log, require_checkpoint, write_config)
 
 
 @dataclass
@@ -77,10 +76,8 @@ class FeatureDataset:
                 start = entry["offset"]
                 self.items.append((torch.from_numpy(arr[:n]),
                                    torch.from_numpy(np.array(features[start: start + n])), entry["prompt_len"]))
-        g = torch.Generator().manual_seed(cfg.seed)
-        perm = torch.randperm(len(self.items), generator=g).tolist()
-        n_held = max(1, int(len(perm) * cfg.heldout_fraction))
-        self.heldout, self.train = perm[:n_held], perm[n_held:]
+        self.heldout, self.train = heldout_split(len(self.items), cfg.heldout_fraction,
+                                                 torch.Generator().manual_seed(cfg.seed))
 
     def batch(self, rows):
         """(ids (B, L), features (B, L, H) float32, valid (B, L) bool, reply_start (B,))."""
@@ -93,7 +90,7 @@ class FeatureDataset:
         return ids, feats, valid.bool(), starts
 
     def sequences(self, rows=None):
-        """[(tokens, reply_start)] as ``distill.frequent_tokens`` takes them."""
+        """[(tokens, reply_start)] as ``batching.frequent_tokens`` takes them."""
         return [(self.items[i][0], self.items[i][2]) for i in (rows if rows is not None else self.train)]
 
 
@@ -220,13 +217,9 @@ class HeadTrainer:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Mean held-out metrics of ``loss`` (no feature noise)."""
-        rows, totals = self.data.heldout, {}
-        chunks = [rows[i: i + self.cfg.batch_size] for i in range(0, len(rows), self.cfg.batch_size)]
-        for chunk in chunks:
-            _, metrics = self.loss(self.data.batch(chunk), train=False)
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v / len(chunks)
-        return {f"heldout_{k}": v for k, v in totals.items()}
+        means = mean_over_chunks(self.data.heldout, self.cfg.batch_size,
+                                 lambda chunk: self.loss(self.data.batch(chunk), train=False)[1])
+        return {f"heldout_{k}": v for k, v in means.items()}
 
     def save(self):
         """The head (float16) and its config; the loop adds the log and the training state."""

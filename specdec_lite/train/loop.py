@@ -47,6 +47,25 @@ class LoopConfig:
                    eval_every=cfg.eval_every, max_minutes=max_minutes, seed=cfg.seed)
 
 
+def heldout_split(n: int, fraction: float, generator: torch.Generator) -> tuple[list[int], list[int]]:
+    """(held-out, training) record indices: a random permutation of range(n), its first max(1, n * fraction) held
+    out. ``generator`` is advanced by the permutation."""
+    perm = torch.randperm(n, generator=generator).tolist()
+    n_held = max(1, int(n * fraction))
+    return perm[:n_held], perm[n_held:]
+
+
+def mean_over_chunks(rows: list[int], size: int, metrics_of: Callable[[list[int]], dict]) -> dict:
+    """The mean, over consecutive chunks of ``size`` rows, of the metrics dict ``metrics_of(chunk)`` returns (each
+    chunk weighs the same): the held-out evaluation of the draft and of the heads."""
+    chunks = [rows[i: i + size] for i in range(0, len(rows), size)]
+    totals: dict = {}
+    for chunk in chunks:
+        for k, v in metrics_of(chunk).items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    return {k: v / len(chunks) for k, v in totals.items()}
+
+
 def warmup_cosine(step: int, warmup: int, steps: int) -> float:
     """Learning-rate factor at ``step``: linear warm-up over ``warmup`` steps, cosine decay to 0 at ``steps``."""
     return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
