@@ -25,3 +25,10 @@ def test_parameter_paths_resolve_from_the_repository_root(tmp_path):
     run = setup(smoke=True)
     assert run.path("data/prompts") == paths.repo_root() / "data" / "prompts"
     assert run.path(tmp_path) == tmp_path and run.path(str(tmp_path)) == Path(tmp_path)
+
+
+def test_printed_paths_carry_no_machine_prefix(tmp_path):
+    run = setup(smoke=True)
+    assert run.shown(run.root / "data" / "drafts") == "data/drafts"
+    assert run.shown(Path.home() / ".cache" / "x") == "~/.cache/x"
+    assert run.shown("/elsewhere/file") == "/elsewhere/file"

@@ -27,6 +27,15 @@ class NotebookRun:
         path = Path(relative_or_absolute).expanduser()
         return path if path.is_absolute() else self.root / path
 
+    def shown(self, path: str | Path) -> str:
+        """``path`` as a notebook prints it: relative to the repository root, or to the home folder (``~/``), so
+        that committed outputs carry no machine's absolute paths; any other path as it is."""
+        path = Path(path)
+        for base, prefix in ((self.root, ""), (Path.home(), "~/")):
+            if path.is_relative_to(base):
+                return prefix + str(path.relative_to(base))
+        return str(path)
+
     def pick(self, full, smoke):
         """``smoke`` in a smoke run, ``full`` otherwise."""
         return smoke if self.smoke else full
