@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11, no GPU, package registries only):
-#   make reproduce   set up, then run every notebook on the embedded pair, in place
+#   make reproduce   set up, then run every notebook on the embedded pair, in place (notebooks/reproduce.yaml)
 #   make test        set up, then the unit tests and the notebooks under nbval in smoke mode (CI runs this)
 # GPU users: create the conda environment from environment.yml (or install a CUDA torch into .venv first),
 # then `make gpu-check`.
@@ -10,11 +10,8 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.specdec_lite-installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
-# reproduce reruns the training notebooks (00_*) without training (retrain False: the shipped checkpoints);
-# `make drafts` retrains
-REPRODUCE_NOTEBOOKS := $(filter-out notebooks/00_%,$(NOTEBOOKS))
 
-.PHONY: setup reproduce test gpu-check bench demo drafts clean
+.PHONY: setup reproduce test gpu-check bench demo drafts sweep lab clean
 
 setup: $(STAMP)
 
@@ -28,14 +25,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 reproduce: setup
-	# the training notebooks rerun without training: the shipped checkpoints' curves, evaluation and model cards
-	$(BIN)/papermill --cwd notebooks notebooks/00_train_draft.ipynb notebooks/00_train_draft.ipynb -k python3 \
-		-p retrain False -p eval_prompts_per_task 3
-	$(BIN)/papermill --cwd notebooks notebooks/00_train_heads.ipynb notebooks/00_train_heads.ipynb -k python3 \
-		-p retrain False
-	for nb in $(REPRODUCE_NOTEBOOKS); do \
-		$(BIN)/papermill --cwd notebooks $$nb $$nb -k python3 || exit 1; \
-	done
+	$(BIN)/python -m specdec_lite.sweep notebooks/reproduce.yaml
 
 # notebooks run in smoke mode under nbval: SPECDEC_SMOKE=1 switches each one's `smoke` parameter on
 test: setup
@@ -44,13 +34,19 @@ ifneq ($(NOTEBOOKS),)
 	SPECDEC_SMOKE=1 $(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS) -q -p no:cacheprovider
 endif
 
-# retrain the drafts and heads from the target-made text, with the settings of the shipped checkpoints (hours on a
-# 2-core CPU; max_minutes bounds each training, rerun to resume)
+# retrain the drafts and heads from the target-made text (notebooks/drafts.yaml: hours on a 2-core CPU; rerun to resume)
 drafts: setup
-	$(BIN)/papermill --cwd notebooks notebooks/00_train_draft.ipynb notebooks/00_train_draft.ipynb -k python3 \
-		-p retrain True -p steps 4000 -p max_minutes 42 -p eval_prompts_per_task 3
-	$(BIN)/papermill --cwd notebooks notebooks/00_train_heads.ipynb notebooks/00_train_heads.ipynb -k python3 \
-		-p retrain True -p eagle_steps 3500 -p medusa_steps 1500 -p max_minutes 30
+	$(BIN)/python -m specdec_lite.sweep notebooks/drafts.yaml
+
+# run chosen notebooks for several model pairs and compare them (see notebooks/pairs.example.yaml)
+PAIRS ?= notebooks/pairs.example.yaml
+sweep: setup
+	$(BIN)/python -m specdec_lite.sweep $(PAIRS)
+
+# JupyterLab on the notebooks, with this environment registered as the notebooks' kernel ("python3")
+lab: setup
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)"
+	$(BIN)/jupyter lab notebooks
 
 demo: setup
 	$(BIN)/python -m specdec_lite.repro.demo

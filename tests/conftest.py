@@ -37,3 +37,24 @@ def tiny_draft():
 def embedded():
     """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, float32."""
     return sd.load_model(sd.EMBEDDED_TARGET, device=DEVICE, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def local_pairs(tmp_path_factory):
+    """Folders saved with save_pretrained, as a user's new pair would be: tiny random Llamas with the embedded
+    target's tokenizer (4, 2 and 1 layers), and a 1-layer one with another tokenizer."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from specdec_lite.core.models import embedded_target_path
+
+    root = tmp_path_factory.mktemp("pairs")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_target_path())
+    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
+        {f"w{i}": i for i in range(len(tokenizer))}, unk_token="w0")))
+    for name, layers, seed, tok in (("tiny-4l", 4, 0, tokenizer), ("tiny-2l", 2, 2, tokenizer),
+                                    ("tiny-1l", 1, 1, tokenizer), ("other-tokenizer-1l", 1, 3, other)):
+        model = tiny_llama(vocab=len(tokenizer), layers=layers, seed=seed, max_positions=1024).cpu()
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root

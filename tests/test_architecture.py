@@ -9,7 +9,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specdec_lite"
 # each layer may import itself and the layers before it
-LAYERS = ["paths", "core", "drafts", "repro", "train"]
+LAYERS = ["paths", "core", "drafts", "repro", "train", "sweep"]
 
 
 def module_name(path: Path) -> str:
@@ -126,7 +126,7 @@ def entry_points() -> list[str]:
 
 def test_entry_points_are_the_documented_ones():
     assert set(entry_points()) == {"specdec_lite.repro.demo", "specdec_lite.repro.bench", "specdec_lite.repro.evaluate",
-                                   "specdec_lite.repro.report",
+                                   "specdec_lite.repro.report", "specdec_lite.sweep",
                                    "specdec_lite.train.corpus", "specdec_lite.train.features"}
 
 

@@ -1,4 +1,6 @@
 """checks.py: every claim's check returns 'reproduces' on one side of its tolerance and 'differs' on the other."""
+import warnings
+
 import pandas as pd
 import pytest
 
@@ -143,6 +145,10 @@ def test_c11_tasks():
     assert checks.c11_tasks("n-gram", good - 0.2, article, speedups).verdict == D  # magnitude
     assert checks.c11_tasks("n-gram", pd.Series([0.9, 0.5, 0.7, 0.8], index=tasks), article, speedups).verdict == D
     assert checks.c11_tasks("n-gram", good.where(good > 0.6), article, speedups).verdict == D  # a task missing
+    flat = pd.Series([0.0] * 4, index=tasks)  # no order at all (a random pair): differs, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert checks.c11_tasks("n-gram", flat, article, speedups).verdict == D
 
 
 def test_c21_heads_order():

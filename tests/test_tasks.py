@@ -13,7 +13,21 @@ def test_shipped_prompt_sets():
     by_task = {t: [p for p in prompts if p["task"] == t] for t in tasks.TASKS}
     assert all(len(v) >= 25 for v in by_task.values()), {t: len(v) for t, v in by_task.items()}
     assert {p["task"] for p in prompts} == set(tasks.TASKS)
-    assert len(tasks.load_prompts(tasks=["code"])) == len(by_task["code"])
+    first = tasks.load_prompts(tasks=tasks.TASKS, per_task=2)
+    assert [p["id"] for p in first] == [p["id"] for t in dict.fromkeys(q["task"] for q in prompts)
+                                        for p in [q for q in prompts if q["task"] == t][:2]]
+
+
+def test_empty_files_and_unknown_tasks_are_refused_with_what_to_do(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(ValueError, match="holds no prompts: each line needs a JSON object"):
+        tasks.load_prompts(empty)
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"id": "a", "task": "poetry", "prompt": "x"}) + "\n")
+    assert tasks.load_prompts(other)[0]["task"] == "poetry"  # any task, when the caller does not restrict them
+    with pytest.raises(ValueError, match=r"tasks \['poetry'\], which this notebook does not know; use the tasks"):
+        tasks.load_prompts(other, tasks=tasks.TASKS)
 
 
 def test_format_errors_are_clear(tmp_path):

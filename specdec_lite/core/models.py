@@ -28,13 +28,81 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """'auto' picks CUDA when present, else the CPU."""
+    """'auto' picks CUDA when present, else the CPU. A device torch cannot see is refused, saying what there is."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but torch sees no CUDA device; use device='cpu' or 'auto'")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a device name; use 'cpu', 'cuda', 'cuda:N' or 'auto'") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={str(device)!r} was asked for but torch sees no CUDA device; "
+                             "use device='cpu' or 'auto'")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device={str(device)!r} was asked for but torch sees {count} CUDA device(s): "
+                             f"use cuda:0..cuda:{count - 1}, or 'auto'")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' was asked for but this torch has no usable MPS backend; use 'cpu' or 'auto'")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {str(device)!r} is not supported here; use 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
     return device
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """The dtype ``"auto"`` means on ``device``.
+
+    The rule: bfloat16 on CUDA devices that support it, else float16; float16 on MPS; float32 on the CPU.
+    On the CPU, bfloat16 made a decode step of the embedded target about 1.4x faster, but then speculative
+    greedy output often differed from plain greedy output in the same dtype (a multi-token forward and a
+    one-token forward round differently, and bfloat16 logits tie or flip far more often than float32 ones),
+    so float32 is the default that keeps greedy identity; pass ``dtype="bfloat16"`` for speed.
+    """
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32', 'bfloat16', 'float16': the name recorded in results and figure titles."""
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device = "cpu") -> torch.dtype:
+    """A torch dtype from ``"auto"`` (or None: see ``auto_dtype``), a name (``"bfloat16"``, ``"bf16"``, ...) or a
+    torch dtype; refused, saying what to use, when it is not a floating dtype we run or ``device`` cannot run it."""
+    device = resolve_device(device)
+    if dtype is None or dtype == "auto":
+        return auto_dtype(device)
+    if isinstance(dtype, str):
+        name = _DTYPE_ALIASES.get(dtype, dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one we run; use 'auto' or one of {sorted(DTYPES)}")
+        dtype = DTYPES[name]
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype {dtype} is not one we run; use 'auto' or one of {sorted(DTYPES)}")
+    check_device_runs(device, dtype)
+    return dtype
+
+
+def check_device_runs(device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse a dtype the device cannot compute in (bfloat16 on a GPU without it, or any dtype whose matrix
+    product fails there), before a model is loaded."""
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"{device} does not support bfloat16; use dtype='float16' or 'auto'")
+    try:
+        x = torch.ones(2, 2, dtype=dtype, device=device)
+        (x @ x).sum().item()
+    except RuntimeError as err:
+        raise ValueError(f"{device} cannot run {dtype_name(dtype)} matrix products ({err}); use dtype='auto' "
+                         f"({dtype_name(auto_dtype(device))} there)") from None
 
 
 def _embedded_gguf_dir() -> Path:
@@ -93,6 +161,29 @@ def resolve_name(name_or_path: str) -> str:
     return str(name_or_path)
 
 
+def check_model_name(name_or_path: str) -> None:
+    """Refuse, before anything is loaded, a name that is not a folder, not a package name and not a model the
+    Hugging Face hub has (in its local cache, or online), saying what to give instead."""
+    if name_or_path == EMBEDDED_TARGET:
+        _embedded_gguf_dir()  # installed? (the conversion to the cache waits for load_model)
+        return
+    path = resolve_name(name_or_path)
+    if Path(path).is_dir():
+        return
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(path, "config.json"), str):
+        return
+    what = (f"{name_or_path!r} is not a local folder, not a package name ({', '.join([EMBEDDED_TARGET, *_SHIPPED_DRAFTS])}) "
+            "and not in the Hugging Face hub cache")
+    try:
+        HfApi().model_info(path, timeout=10)
+    except Exception as err:  # noqa: BLE001 (hub errors: not found, gated, no network; all mean "cannot load it")
+        raise FileNotFoundError(f"{what}; asking the hub failed ({type(err).__name__}: {str(err)[:160]}). Give a "
+                                "folder saved with save_pretrained, check the id's spelling, or run where the hub "
+                                "is reachable (gated models need `hf auth login`)") from None
+
+
 def looks_like_hub_id(name: str) -> bool:
     """'name' or 'org/name' made of letters, digits, '-', '_' and '.': what the hub accepts as a repo id. Paths
     (absolute, relative with ./ or ../, ~, several slashes) do not look like one."""
@@ -101,17 +192,17 @@ def looks_like_hub_id(name: str) -> bool:
         part and part not in (".", "..") and all(ch.isalnum() or ch in "-_." for ch in part) for part in parts)
 
 
-def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: torch.dtype | None = None):
+def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto"):
     """(model, tokenizer) for a package name (``"smollm2-135m-instruct"``), a Hugging Face id or a local path.
 
-    dtype: float32 on the CPU by default, bfloat16 on CUDA. The model is in eval mode and its tokenizer is
+    dtype: ``"auto"`` (the default, also None) is the device's rule in ``auto_dtype``: float32 on the CPU,
+    bfloat16 (or float16) on CUDA; or a name or torch dtype. The model is in eval mode and its tokenizer is
     registered, so ``speculative_generate`` can refuse a draft whose tokenizer differs.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = resolve_dtype(dtype, device)
     path = resolve_name(name_or_path)
     if is_head_dir(path):
         raise ValueError(f"{name_or_path} is a feature-level head, not a model: it runs on a target's hidden "

@@ -369,14 +369,20 @@ def save_head(head: nn.Module, cfg: HeadConfig, vocab_ids: torch.Tensor | None, 
     (out_dir / HEAD_CONFIG).write_text(json.dumps(asdict(cfg), indent=1) + "\n")
 
 
+def read_head_config(path) -> HeadConfig:
+    """The config of a head checkpoint folder (no weights read)."""
+    path = Path(path)
+    if not is_head_dir(path):
+        raise FileNotFoundError(f"no head checkpoint (head_config.json) in {path}")
+    return HeadConfig(**json.loads((path / HEAD_CONFIG).read_text()))
+
+
 def read_head(path) -> tuple[nn.Module, HeadConfig, torch.Tensor | None]:
     """(head module in float32, config, vocab_ids or None) from a checkpoint folder."""
     from safetensors.torch import load_file
 
     path = Path(path)
-    if not is_head_dir(path):
-        raise FileNotFoundError(f"no head checkpoint (head_config.json) in {path}")
-    cfg = HeadConfig(**json.loads((path / HEAD_CONFIG).read_text()))
+    cfg = read_head_config(path)
     tensors = load_file(str(path / "head.safetensors"))
     vocab_ids = tensors.pop("vocab_ids", None)
     head = build_head(cfg)

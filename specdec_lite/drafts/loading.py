@@ -1,13 +1,15 @@
 """Drafts by name (every kind), and a (target, draft, tokenizer) pair in one call."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from ..core.lm import tokenizer_of
-from ..core.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_model, resolve_name
+from ..core.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, check_model_name, load_model, resolve_name
 from ..core.tokenizers import check_tokenizers
-from ..paths import is_head_dir
-from .heads import load_head
+from ..paths import drafts_dir, is_head_dir
+from .heads import MedusaDraft, check_head_target, load_head, read_head_config
 from .layer_skip import LayerSkipDraft
 from .ngram import NGramDraft
 
@@ -31,10 +33,71 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
     return draft_model
 
 
+def check_draft_name(name_or_path: str) -> None:
+    """Refuse, before anything is loaded, a draft name ``load_draft`` could not load (see ``check_model_name``)."""
+    if name_or_path in ("n-gram", "layer-skip") or is_head_dir(Path(name_or_path).expanduser()):
+        return
+    check_model_name(name_or_path)
+
+
 def load_pair(target: str = EMBEDDED_TARGET, draft: str = EMBEDDED_DRAFT, device: str | torch.device = "auto",
-              dtype: torch.dtype | None = None):
+              dtype: str | torch.dtype | None = "auto"):
     """(target, draft, tokenizer): by default the embedded target and the draft trained for it. ``draft`` is
     anything ``load_draft`` takes (a model, a head, "n-gram", "layer-skip"). An incompatible draft (another
-    tokenizer, a head trained for another target) is refused before anything else runs."""
+    tokenizer, a head trained for another target) is refused before anything else runs. dtype: as in
+    ``load_model`` ("auto" by default); the draft follows the target's."""
     target_model, tokenizer = load_model(target, device, dtype)
     return target_model, load_draft(draft, target_model), tokenizer
+
+
+def heads_for(target) -> list[str]:
+    """Names of the feature-level heads under the drafts folder that were trained for ``target`` (matched by
+    hidden size, vocabulary and a probe of the target's weights, in any dtype), sorted; [] when none fits."""
+    names = []
+    for folder in sorted(drafts_dir().iterdir()) if drafts_dir().is_dir() else []:
+        if not is_head_dir(folder):
+            continue
+        try:
+            check_head_target(read_head_config(folder), target)
+        except ValueError:
+            continue
+        names.append(folder.name)
+    return names
+
+
+def head_label(draft) -> str:
+    """How results name a head: 'EAGLE head' or 'Medusa heads'."""
+    return "Medusa heads" if isinstance(draft, MedusaDraft) else "EAGLE head"
+
+
+def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int = 0) -> tuple[dict, dict]:
+    """Every draft kind that applies to ``target``, by label, and the kinds skipped, with the reason.
+
+    The draft model (if given; labelled "trained draft"), the heads, n-gram prompt lookup and layer skip. ``heads``: "auto" (the heads
+    trained for this target, ``heads_for``; none is not an error), or names/folders (a comma-separated string
+    or a list), each refused with the loader's message when it was trained for another target.
+    """
+    drafts, skipped = {}, {}
+    if draft_model is not None:
+        drafts["trained draft"] = draft_model
+    if heads == "auto":
+        names = heads_for(target)
+        if not names:
+            skipped["heads"] = "no head under the drafts folder was trained for this target"
+    else:
+        names = [h.strip() for h in heads.split(",")] if isinstance(heads, str) else list(heads)
+    for name in filter(None, names):
+        head = load_draft(name, target)
+        drafts[head_label(head)] = head
+    drafts["n-gram"] = NGramDraft()
+    try:
+        layer_skip = LayerSkipDraft(target, exit_layer=layer_skip_exit or None)
+    except (NotImplementedError, ValueError) as err:
+        skipped["layer-skip"] = str(err)
+    else:
+        n_layers = target.config.get_text_config(decoder=True).num_hidden_layers
+        if len(layer_skip.layers) < n_layers:
+            drafts["layer-skip"] = layer_skip
+        else:
+            skipped["layer-skip"] = f"it would keep all {n_layers} of the target's layers (nothing to skip)"
+    return drafts, skipped

@@ -214,7 +214,8 @@ def c11_tasks(best: str, ours, article_acceptance, speedups) -> ClaimRow:
     from scipy.stats import spearmanr
 
     ours_values, article = np.asarray(ours, dtype=float), np.asarray(article_acceptance, dtype=float)
-    rho = spearmanr(ours_values, article).statistic if not np.isnan(ours_values).any() else float("nan")
+    ranked = not np.isnan(ours_values).any() and np.ptp(ours_values) > 0  # equal values have no order
+    rho = spearmanr(ours_values, article).statistic if ranked else float("nan")
     return ClaimRow("C11", "003", "A100: code 85%/2.8x, summarization 75%/2.2x, dialogue 55%/1.6x, translation 80%/2.5x",
                     f"{best} (greedy): " + ", ".join(f"{t} alpha {a:.2f}" for t, a in ours.items())
                     + f"; Spearman rho with the article's order {rho:.2f}; "

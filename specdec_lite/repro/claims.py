@@ -84,8 +84,11 @@ def verdict(holds: bool) -> str:
     return "reproduces" if holds else "differs"
 
 
-def write_claims(rows: list[ClaimRow], name: str, results_dir: Path | None = None) -> pd.DataFrame:
-    frame = pd.DataFrame([asdict(r) for r in rows])
+def write_claims(rows: list[ClaimRow], name: str, results_dir: Path | None = None,
+                 context: dict | None = None) -> pd.DataFrame:
+    """Write a notebook's claim rows to ``claims_<name>.csv``; ``context`` (e.g. target, draft, dtype) is added
+    to every row."""
+    frame = pd.DataFrame([asdict(r) for r in rows]).assign(**(context or {}))
     results_dir = Path(results_dir or paths.results_dir())
     results_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(results_dir / f"claims_{name}.csv", index=False)

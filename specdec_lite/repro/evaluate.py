@@ -65,11 +65,11 @@ def alpha_estimate(accepted_lengths, proposed) -> float:
 def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_tokens=128,
                 sampling=SamplingParams(temperature=0), seed=0, progress=True) -> pd.DataFrame:
     """One row per (prompt, method): the baseline ('autoregressive') and each named draft."""
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     rows = []
     eos = tokenizer.eos_token_id
-    for i, p in enumerate(tqdm(prompts, desc="prompts", disable=not progress)):
+    for i, p in enumerate(progress_bar(prompts, desc="prompts", disable=not progress)):
         x = chat_ids(tokenizer, p["prompt"], target.device)
         runs = {"autoregressive": lambda: autoregressive_generate(
             target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_token_id=eos)}

@@ -17,8 +17,9 @@ TASKS = ("code", "summarization", "dialogue", "translation")
 REQUIRED = ("id", "task", "prompt")
 
 
-def load_prompts(path: str | Path | None = None, tasks=None) -> list[dict]:
-    """Prompts from a JSONL file or a folder of them, optionally only ``tasks``; validated, ids unique."""
+def load_prompts(path: str | Path | None = None, tasks=None, per_task: int | None = None) -> list[dict]:
+    """Prompts from a JSONL file or a folder of them; validated, ids unique. ``tasks``: the tasks the caller knows;
+    a file with no prompts, or with a task outside them, is refused. ``per_task``: the first n of each task."""
     path = Path(path) if path is not None else prompts_dir()
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files or not all(f.exists() for f in files):
@@ -40,11 +41,14 @@ def load_prompts(path: str | Path | None = None, tasks=None) -> list[dict]:
     ids = [r["id"] for r in records]
     if len(set(ids)) != len(ids):
         raise ValueError(f"prompt ids must be unique; repeated: {sorted({i for i in ids if ids.count(i) > 1})}")
+    if not records:
+        raise ValueError(f"{path} holds no prompts: each line needs a JSON object with fields {REQUIRED}")
     if tasks is not None:
-        records = [r for r in records if r["task"] in set(tasks)]
-        if not records:
-            raise ValueError(f"no prompts for tasks {list(tasks)} in {path}")
-    return records
+        unknown = sorted({r["task"] for r in records} - set(tasks))
+        if unknown:
+            raise ValueError(f"{path} has prompts for tasks {unknown}, which this notebook does not know; "
+                             f"use the tasks {list(tasks)} (the 'task' field of each line)")
+    return records if per_task is None else first_per_task(records, per_task)
 
 
 def first_per_task(prompts: list[dict], n: int) -> list[dict]:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..core.models import EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_MEDUSA, EMBEDDED_TARGET
 from ..drafts.heads import parameter_count
+from ..paths import drafts_dir
 from ..repro.report import to_markdown
 from .draft import directory_megabytes
 
@@ -21,6 +23,17 @@ def _cell(key: str, value) -> str:
     if key == "step":
         return str(value)
     return f"{value:.1f}" if key == "minutes" else f"{value:.3f}"
+
+
+def refuse_shipped_names(out_dirs, target_name: str) -> None:
+    """Training for another target under a shipped checkpoint's name would overwrite that checkpoint: refuse,
+    before any work, saying which parameter gives the new one its own name."""
+    for out_dir in map(Path, out_dirs):
+        shipped = out_dir.parent == drafts_dir() and out_dir.name in (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_MEDUSA)
+        if shipped and target_name != EMBEDDED_TARGET:
+            raise ValueError(f"{out_dir.name} is the checkpoint shipped for {EMBEDDED_TARGET}; training one for "
+                             f"{target_name} would overwrite it. Give yours another name (-p draft <name> in "
+                             "00_train_draft, -p name_prefix <name> in 00_train_heads)")
 
 
 def write_card(out_dir: Path, title: str, intro: str, architecture: str, data: str, training: str,

@@ -181,7 +181,7 @@ def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens
     Each batch shares one temperature (cycled over ``TEMPERATURES``). ``families`` (e.g. ``["chat",
     "summarize"]``) restricts the prompts to those families; the 'summarize' prompts are made from stored replies
     (``summary_prompts``)."""
-    from tqdm.auto import tqdm
+    from ..repro.progress import progress_bar
 
     out_dir = Path(out_dir or paths.corpus_dir())
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,7 @@ def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens
         raise ValueError(f"no prompts left to answer for families {families}; every one is in {out_dir}")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     written, batch_no = 0, len(done_ids) // batch_size
-    bar = tqdm(total=budget_tokens, desc="target-made tokens", disable=not progress)
+    bar = progress_bar(total=budget_tokens, desc="target-made tokens", disable=not progress)
     started = time.monotonic()
     for start in range(0, len(todo), batch_size):
         if written >= budget_tokens or (max_minutes is not None and time.monotonic() - started > 60 * max_minutes):

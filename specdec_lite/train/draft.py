@@ -90,12 +90,12 @@ def teacher_topk(target, sequences, k: int = 32, batch_size: int = 16, progress:
     """The target's top-k next-token probabilities at every position of each sequence (teacher forcing).
     Returns [(indices (L, k) int32, probs (L, k) float16)] aligned with ``sequences`` (position i predicts
     token i+1)."""
-    from tqdm.auto import tqdm
+    from ..repro.progress import progress_bar
 
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
     out = [None] * len(sequences)
     device = target.device
-    for start in tqdm(range(0, len(order), batch_size), desc="teacher top-k", disable=not progress):
+    for start in progress_bar(range(0, len(order), batch_size), desc="teacher top-k", disable=not progress):
         idx = order[start: start + batch_size]
         ids, mask = padded([sequences[i][0] for i in idx])
         logits = target(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()

@@ -47,7 +47,7 @@ def extract_features(target, corpus_dir: Path | None = None, out_dir: Path | Non
                      batch_size: int = 16, max_records: int | None = None, progress: bool = True) -> dict:
     """Write the target's last hidden state at every token of the first ``max_records`` corpus records (all by
     default) to ``out_dir``; resumes where an earlier run stopped. Returns the metadata (see ``load_features``)."""
-    from tqdm.auto import tqdm
+    from ..repro.progress import progress_bar
 
     corpus_dir = Path(corpus_dir or paths.corpus_dir())
     index = load_index(corpus_dir)
@@ -71,7 +71,7 @@ def extract_features(target, corpus_dir: Path | None = None, out_dir: Path | Non
     tokens = np.fromfile(corpus_dir / "tokens.bin", dtype=np.uint16)
     meta = {"target": target_name, "fingerprint": fingerprint, "hidden_size": hidden,
             "corpus": str(corpus_dir), "dtype": "float16", "records_done": done, "tokens": int(total)}
-    bar = tqdm(total=len(index), initial=done, desc="target features", disable=not progress)
+    bar = progress_bar(total=len(index), initial=done, desc="target features", disable=not progress)
     for start in range(done, len(index), batch_size):
         batch = index[start: start + batch_size]
         seqs = [torch.from_numpy(tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))

@@ -179,7 +179,7 @@ class TrainingLoop:
 
     def run(self, progress: bool = True) -> list[dict]:
         """Train up to ``cfg.steps`` (or until ``cfg.max_minutes`` are spent); returns the log."""
-        from tqdm.auto import tqdm
+        from ..repro.progress import progress_bar
 
         cfg = self.cfg
         if self.generator is None:
@@ -188,7 +188,7 @@ class TrainingLoop:
         started = run_started - 60 * (self.log[-1]["minutes"] if self.log else 0.0)  # cumulative on resume
         checkpoint_every = cfg.checkpoint_every or cfg.eval_every
         self.model.train()
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=self.desc, disable=not progress)
+        bar = progress_bar(total=cfg.steps, initial=self.step, desc=self.desc, disable=not progress)
         while self.step < cfg.steps:
             for group in self.opt.param_groups:
                 group["lr"] = cfg.lr * warmup_cosine(self.step, cfg.warmup, cfg.steps)

@@ -1,0 +1,300 @@
+"""Run the notebooks for several model pairs and put their results side by side.
+
+    python -m specdec_lite.sweep pairs.yaml        (or .json; `make sweep PAIRS=pairs.yaml`)
+
+The pairs file (every key is checked before anything runs)::
+
+    notebooks: [03_task_acceptance]        # which notebooks, in order; an entry may carry its own
+                                           # parameters: {00_train_draft: {retrain: false}}
+    parameters: {prompts_per_task: 2}      # notebook parameters for every pair (optional)
+    out: out/sweeps/my-sweep               # where the comparison goes (default: out/sweeps/<file name>)
+    pairs:
+      - target: meta-llama/Llama-3.1-8B-Instruct   # required: name, Hugging Face id or local folder
+        draft: meta-llama/Llama-3.2-1B-Instruct    # required
+        heads: auto                                # optional, as the notebooks take it
+        device: cuda                               # optional (default cpu)
+        dtype: auto                                # optional (default auto)
+        run_name: llama-8b-1b                      # optional: the run's folder name
+        parameters: {max_new_tokens: 64}           # optional: notebook parameters for this pair only
+
+Each pair is checked first (names, device, dtype, matching tokenizers); a pair that is refused, or a notebook that
+fails, is recorded with the reason and the sweep goes on. Each run writes its executed notebooks, CSVs and figures
+in its own folder (``out/runs/<run name>/``; the embedded default run: the shipped ones, notebooks in place). The
+sweep then writes ``status.csv``, and from every run of ``03_task_acceptance`` ``comparison.csv`` and
+``comparison.png``: acceptance, mean accepted length, c and speedup per pair, method and task.
+
+Executed notebooks are saved as JupyterLab saves them (``jupyterlab_form``), with each progress bar's final
+state only, so opening one in JupyterLab does not change it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import paths
+from .paths import is_head_dir
+from .core.models import check_model_name, resolve_device, resolve_dtype
+from .core.tokenizers import check_tokenizers
+from .drafts.loading import check_draft_name
+from .repro.notebook import SMOKE_ENV, is_default_run, run_folder, run_name_for
+
+PAIR_KEYS = {"target", "draft", "heads", "device", "dtype", "run_name", "parameters"}
+TOP_KEYS = {"notebooks", "parameters", "pairs", "out"}
+PAIR_PARAMETERS = ("target", "draft", "device", "dtype", "run_name", "heads")  # keys a pair passes to notebooks
+KERNEL = "python3"
+KERNEL_DISPLAY_NAME = "Python 3 (ipykernel)"  # what JupyterLab writes for this kernel
+
+
+@dataclass
+class Pair:
+    target: str
+    draft: str
+    heads: str = "auto"
+    device: str = "cpu"
+    dtype: str = "auto"
+    run_name: str = ""
+    parameters: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.run_name or f"{Path(self.target).name} / {Path(self.draft).name}"
+
+
+@dataclass
+class Sweep:
+    notebooks: list  # [(name, parameters of that notebook)]
+    parameters: dict  # for every pair
+    pairs: list  # [Pair]
+    out: Path
+
+
+def notebook_path(name: str) -> Path:
+    return paths.repo_root() / "notebooks" / f"{Path(name).stem}.ipynb"
+
+
+def declared_parameters(name: str) -> set:
+    """The parameters a notebook declares in its parameters cell."""
+    import papermill
+
+    return set(papermill.inspect_notebook(str(notebook_path(name))))
+
+
+def read_sweep(path: str | Path) -> Sweep:
+    """Read and check a pairs file (YAML or JSON): a missing or unknown key, an unknown notebook, or a parameter no
+    chosen notebook declares is refused before anything runs."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no sweep file at {path}: give a YAML or JSON file (see python -m specdec_lite.sweep -h)")
+    raw = (json.loads if path.suffix == ".json" else yaml.safe_load)(path.read_text())
+    where = f"sweep file {path}"
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: the top level must be a mapping with keys {sorted(TOP_KEYS)}")
+    check_keys(raw, TOP_KEYS, {"pairs"}, where)
+    notebooks = [entry if isinstance(entry, dict) else {entry: {}} for entry in raw.get("notebooks", ["03_task_acceptance"])]
+    notebooks = [(str(name), dict(params or {})) for entry in notebooks for name, params in entry.items()]
+    for name, _ in notebooks:
+        if not notebook_path(name).is_file():
+            known = sorted(p.stem for p in (paths.repo_root() / "notebooks").glob("[0-9]*.ipynb"))
+            raise ValueError(f"{where}: no notebook {name!r}; choose from {known}")
+    if not isinstance(raw["pairs"], list) or not raw["pairs"]:
+        raise ValueError(f"{where}: 'pairs' must be a non-empty list of mappings with 'target' and 'draft'")
+    pairs = []
+    for i, entry in enumerate(raw["pairs"], 1):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: pair {i} must be a mapping with keys 'target' and 'draft'")
+        check_keys(entry, PAIR_KEYS, {"target", "draft"}, f"{where}, pair {i}")
+        pairs.append(Pair(**{k: (dict(v or {}) if k == "parameters" else str(v)) for k, v in entry.items()}))
+    declared = set().union(*(declared_parameters(name) for name, _ in notebooks))
+    given = [("parameters", raw.get("parameters") or {})] + [(f"notebooks: {n}", p) for n, p in notebooks] + \
+            [(f"pair {i} parameters", p.parameters) for i, p in enumerate(pairs, 1)]
+    for place, params in given:
+        unknown = sorted(set(params) - declared)
+        if unknown:
+            raise ValueError(f"{where}, {place}: unknown notebook parameters {unknown}; the chosen notebooks take "
+                             f"{sorted(declared)}")
+    out = Path(raw.get("out") or paths.repo_root() / "out" / "sweeps" / path.stem)
+    return Sweep(notebooks=notebooks, parameters=dict(raw.get("parameters") or {}), pairs=pairs, out=out)
+
+
+def check_keys(mapping: dict, allowed: set, required: set, where: str) -> None:
+    unknown, missing = sorted(set(mapping) - allowed), sorted(required - set(mapping))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+    if missing:
+        raise ValueError(f"{where}: missing keys {missing}")
+
+
+def check_pair(pair: Pair) -> None:
+    """Refuse a pair before its notebooks start: names, device, dtype, and the draft's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from .core.models import resolve_name
+
+    device = resolve_device(pair.device)
+    resolve_dtype(pair.dtype, device)
+    check_model_name(pair.target)
+    check_draft_name(pair.draft)
+    if pair.draft in ("n-gram", "layer-skip") or is_head_dir(Path(resolve_name(pair.draft))):
+        return  # drafts without a tokenizer of their own
+    check_tokenizers(AutoTokenizer.from_pretrained(resolve_name(pair.target)),
+                     AutoTokenizer.from_pretrained(resolve_name(pair.draft)))
+
+
+def where_run_writes(pair: Pair, smoke: bool) -> tuple[Path, bool]:
+    """(the run's folder for executed notebooks, whether it is the embedded default run); the notebooks' own rule."""
+    device = resolve_device(pair.device)
+    dtype = resolve_dtype(pair.dtype, device)
+    default = not smoke and is_default_run(pair.target, pair.draft, device, dtype, pair.run_name)
+    root = paths.repo_root()
+    if default:
+        return root / "notebooks", True
+    return run_folder(root, pair.run_name or run_name_for(pair.target, pair.draft, dtype), smoke), False
+
+
+def run_notebook(name: str, output: Path, parameters: dict) -> None:
+    """Execute one notebook with papermill (in ``notebooks/``), then save it as JupyterLab would."""
+    import papermill
+
+    declared = declared_parameters(name)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no widget bars for model loading in saved outputs
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        papermill.execute_notebook(str(notebook_path(name)), str(output), kernel_name=KERNEL, progress_bar=False,
+                                   parameters={k: v for k, v in parameters.items() if k in declared},
+                                   cwd=str(paths.repo_root() / "notebooks"), coalesce_streams=True)
+    finally:
+        if output.exists():
+            output.write_text(jupyterlab_form(output.read_text()))
+
+
+def jupyterlab_form(text: str) -> str:
+    """A notebook's text as JupyterLab saves it: nbformat 4 JSON (sorted keys, one-space indent, a final newline),
+    with the kernel's display name as JupyterLab writes it."""
+    import nbformat
+
+    nb = nbformat.reads(text, as_version=4)
+    spec = nb.metadata.get("kernelspec")
+    if spec and spec.get("name") == KERNEL:
+        spec["display_name"] = KERNEL_DISPLAY_NAME
+    return nbformat.writes(nb) + "\n"
+
+
+def run_sweep(sweep: Sweep, log=print) -> list[dict]:
+    """Every pair, every notebook; one status row per (pair, notebook). Never stops at a failing pair."""
+    from papermill.exceptions import PapermillExecutionError
+
+    smoke = bool(sweep.parameters.get("smoke")) or os.environ.get(SMOKE_ENV) == "1"
+    status = []
+    for i, pair in enumerate(sweep.pairs, 1):
+        head = f"[pair {i}/{len(sweep.pairs)}] {pair.label}"
+        try:
+            check_pair(pair)
+            folder, default = where_run_writes(pair, smoke or bool(pair.parameters.get("smoke")))
+        except (ValueError, FileNotFoundError, OSError) as err:
+            log(f"{head}: refused: {err}")
+            status += [row(pair, name, "refused", str(err), None) for name, _ in sweep.notebooks]
+            continue
+        for name, nb_params in sweep.notebooks:
+            params = {k: getattr(pair, k) for k in PAIR_PARAMETERS} | sweep.parameters | nb_params | pair.parameters
+            log(f"{head}: {name} ...")
+            start = time.perf_counter()
+            try:
+                run_notebook(name, folder / f"{Path(name).stem}.ipynb", params)
+                outcome, reason = "ok", ""
+            except PapermillExecutionError as err:
+                outcome, reason = "failed", f"{err.ename}: {err.evalue}"
+            seconds = time.perf_counter() - start
+            log(f"{head}: {name} {outcome} ({seconds:.0f} s){': ' + reason if reason else ''}")
+            status.append(row(pair, name, outcome, reason, seconds, folder))
+    return status
+
+
+def row(pair: Pair, notebook: str, outcome: str, reason: str, seconds, folder: Path | None = None) -> dict:
+    return {"pair": pair.label, "target": pair.target, "draft": pair.draft, "device": pair.device,
+            "dtype": pair.dtype, "notebook": notebook, "status": outcome, "reason": reason,
+            "seconds": None if seconds is None else round(seconds, 1), "folder": str(folder or "")}
+
+
+def comparison(status: list[dict]):
+    """One table over the pairs: every run's task_acceptance_summary.csv (03), with its pair label."""
+    import pandas as pd
+
+    frames = []
+    for r in status:
+        if r["notebook"].startswith("03") and r["status"] == "ok":
+            folder = Path(r["folder"])
+            results = paths.results_dir() if folder.name == "notebooks" else folder / "results"
+            summary = pd.read_csv(results / "task_acceptance_summary.csv")
+            frames.append(summary.assign(pair=r["pair"]))
+    if not frames:
+        return pd.DataFrame(columns=["pair", "method", "task", "temperature", "alpha", "mean_accepted_length",
+                                     "c", "speedup", "dtype"])
+    cols = ["pair", "method", "task", "temperature", "alpha", "mean_accepted_length", "c", "speedup", "dtype"]
+    return pd.concat(frames, ignore_index=True)[cols]
+
+
+def comparison_figure(table, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    overall = table[table.task.str.startswith("overall")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, column in zip(axes, ["alpha", "mean_accepted_length", "speedup"]):
+        sns.barplot(data=overall, x="pair", y=column, hue="method", errorbar=None, ax=ax)
+        ax.set(title=f"{column} (median over prompts, all temperatures)", xlabel="")
+        ax.tick_params(axis="x", rotation=20)
+    axes[2].axhline(1, color="grey", ls="--")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(sweep: Sweep, status: list[dict]) -> dict:
+    """status.csv, comparison.csv and comparison.png in the sweep's folder; returns their paths."""
+    import pandas as pd
+
+    sweep.out.mkdir(parents=True, exist_ok=True)
+    written = {"status": sweep.out / "status.csv"}
+    pd.DataFrame(status).to_csv(written["status"], index=False)
+    table = comparison(status)
+    if len(table):
+        written["comparison"] = sweep.out / "comparison.csv"
+        table.to_csv(written["comparison"], index=False)
+        written["figure"] = sweep.out / "comparison.png"
+        comparison_figure(table, written["figure"])
+    return written
+
+
+def main(argv=None):
+    """python -m specdec_lite.sweep: run chosen notebooks for each model pair of a YAML/JSON file, then compare."""
+    parser = argparse.ArgumentParser(description=main.__doc__, epilog=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pairs_file", help="YAML or JSON file: notebooks, parameters, pairs (see above)")
+    args = parser.parse_args(argv)
+    sweep = read_sweep(args.pairs_file)
+    status = run_sweep(sweep)
+    written = write_outputs(sweep, status)
+    if "comparison" in written:
+        import pandas as pd
+
+        from .repro.report import to_markdown
+
+        table = pd.read_csv(written["comparison"])
+        print(to_markdown(table[table.task.str.startswith("overall")].round(3)))
+    print("\n".join(f"wrote {p}" for p in written.values()))
+    failed = [r for r in status if r["status"] != "ok"]
+    if failed:
+        print(f"{len(failed)} of {len(status)} notebook runs did not finish: see {written['status']}")
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
