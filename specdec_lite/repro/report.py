@@ -113,7 +113,7 @@ def where_measured(results_dir: Path, env: dict | None = None) -> str:
     table = pd.DataFrame([
         {"where": f"CPU: {env['cpu']}, {env['cores']} cores (this machine)",
          "versions": f"torch {env['torch']}, transformers {env['transformers']}, Python {env['python']}",
-         "dtype": "float32 (real models); float64 (toy models, formulas)",
+         "dtype": f"{recorded_dtypes(results_dir)} (real models); float64 (toy models, formulas)",
          "what": "notebooks 01-04 (the CSVs below), unit tests", "status": status},
         {"where": "NVIDIA GPU", "versions": "", "dtype": "",
          "what": "`make gpu-check`; the notebooks with `-p device cuda` and a larger pair", "status": "not run yet"},
@@ -123,6 +123,18 @@ def where_measured(results_dir: Path, env: dict | None = None) -> str:
         "The versions are those installed when this document was generated; `make reproduce` runs notebook 04 "
         "last, in the environment that ran 01-03.", "",
         to_markdown(table)])
+
+
+CONTEXT = ["target", "draft", "dtype"]  # what every CSV row of a notebook run records
+
+
+def recorded_dtypes(results_dir: Path) -> str:
+    """The dtypes the CSVs in ``results_dir`` record (their 'dtype' column), e.g. 'float32'; 'unrecorded' if none."""
+    found = set()
+    for path in Path(results_dir).glob("*.csv"):
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        found |= set(frame["dtype"]) if "dtype" in frame else set()
+    return ", ".join(sorted(found - {""})) or "unrecorded"
 
 
 def _claims_table(results_dir: Path) -> pd.DataFrame | None:
@@ -169,10 +181,12 @@ def claims_by_notebook(results_dir: Path) -> str:
     for path in files:
         rows = pd.read_csv(path, dtype=str, keep_default_na=False)
         notebook = path.stem.removeprefix("claims_")
-        rows = rows.assign(verdict=[f"**{v}**" for v in rows.verdict])
+        context = rows[[c for c in CONTEXT if c in rows]].drop_duplicates()
+        rows = rows.drop(columns=list(context)).assign(verdict=[f"**{v}**" for v in rows.verdict])
+        run = "; ".join(", ".join(f"{k} `{v}`" for k, v in r.items()) for r in context.to_dict("records"))
         rows = rows.rename(columns={"source": "articles", "expected": "the article's figure",
                                     "measured": "measured here", "reason": "why"})
-        lines += [f"### `{notebook}`", "", to_markdown(rows), ""]
+        lines += [f"### `{notebook}`", ""] + ([f"Measured with {run}.", ""] if run else []) + [to_markdown(rows), ""]
     return "\n".join(lines).rstrip()
 
 
