@@ -161,16 +161,49 @@ def run_notebook(name: str, output: Path, parameters: dict) -> None:
     """Execute one notebook with papermill (in ``notebooks/``), then save it as JupyterLab would."""
     import papermill
 
-    declared = declared_parameters(name)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no widget bars for model loading in saved outputs
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
         papermill.execute_notebook(str(notebook_path(name)), str(output), kernel_name=KERNEL, progress_bar=False,
-                                   parameters={k: v for k, v in parameters.items() if k in declared},
+                                   parameters=changed_parameters(name, parameters),
                                    cwd=str(paths.repo_root() / "notebooks"), coalesce_streams=True)
     finally:
         if output.exists():
-            output.write_text(jupyterlab_form(output.read_text()))
+            output.write_text(jupyterlab_form(portable_paths(output.read_text())))
+
+
+def changed_parameters(name: str, parameters: dict) -> dict:
+    """The parameters the notebook declares whose values differ from its defaults: what papermill injects."""
+    import ast
+
+    import papermill
+
+    defaults = papermill.inspect_notebook(str(notebook_path(name)))
+    changed = {}
+    for key, value in parameters.items():
+        if key not in defaults:
+            continue
+        try:
+            same = ast.literal_eval(defaults[key]["default"]) == value
+        except (ValueError, SyntaxError):
+            same = False
+        if not same:
+            changed[key] = value
+    return changed
+
+
+def portable_paths(text: str) -> str:
+    """papermill records the input and output paths as given (absolute here): make them relative to the
+    repository, so a saved notebook carries no machine's paths."""
+    import nbformat
+
+    nb = nbformat.reads(text, as_version=4)
+    record = nb.metadata.get("papermill", {})
+    root = paths.repo_root()
+    for key in ("input_path", "output_path"):
+        if record.get(key) and Path(record[key]).is_absolute() and Path(record[key]).is_relative_to(root):
+            record[key] = str(Path(record[key]).relative_to(root))
+    return nbformat.writes(nb)
 
 
 def jupyterlab_form(text: str) -> str:

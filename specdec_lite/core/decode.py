@@ -84,7 +84,15 @@ def _eos_set(eos_token_id) -> list[int]:
     return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
 
 
-def check_request(input_ids, max_length, gamma: int, max_new_tokens: int, sampling) -> torch.Tensor:
+def context_limit(*lms) -> tuple[int | None, str]:
+    """The tightest context among the models (and static caches) of a run, and how to name it."""
+    limits = [(lm.max_length, getattr(lm, "context_name", "the model's context")) for lm in lms
+              if lm is not None and getattr(lm, "max_length", None) is not None]
+    return min(limits, key=lambda item: item[0]) if limits else (None, "the model's context")
+
+
+def check_request(input_ids, max_length, gamma: int, max_new_tokens: int, sampling,
+                  context_name: str = "the model's context") -> torch.Tensor:
     """Refuse bad requests before any work starts. Returns input_ids as (B, T) long."""
     if not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
@@ -103,11 +111,11 @@ def check_request(input_ids, max_length, gamma: int, max_new_tokens: int, sampli
     if max_length is not None:
         T = input_ids.shape[1]
         if T >= max_length:
-            raise ValueError(f"the input has {T} tokens but the model's context is {max_length}; shorten the prompt")
+            raise ValueError(f"the input has {T} tokens but {context_name} is {max_length}; shorten the prompt")
         if T + max_new_tokens + gamma > max_length:
-            raise ValueError(f"{T} prompt tokens + max_new_tokens {max_new_tokens} + gamma {gamma} exceed the "
-                             f"model's context of {max_length}; lower max_new_tokens to at most "
-                             f"{max_length - T - gamma}")
+            raise ValueError(f"{T} prompt tokens + max_new_tokens {max_new_tokens} + gamma {gamma} exceed "
+                             f"{context_name} ({max_length}); lower max_new_tokens to at most "
+                             f"{max_length - T - gamma}, or preallocate more (use_static_cache(model, max_length=...))")
     return input_ids.long()
 
 
@@ -125,6 +133,15 @@ def check_vocab(target_lm, drafter: Drafter) -> None:
         raise ValueError(
             f"the draft's vocabulary ({drafter.vocab_size} tokens) cannot be aligned with the target's "
             f"({target_lm.vocab_size}); use a draft trained with the target's tokenizer")
+
+
+def check_devices(target_lm, drafter: Drafter) -> None:
+    """A draft model must sit where the target takes its input (its input embeddings): the loop hands it the
+    target's token buffer."""
+    draft_lm = getattr(drafter, "lm", None)
+    if draft_lm is not None and hasattr(draft_lm, "device") and draft_lm.device != target_lm.device:
+        raise ValueError(f"the draft is on {draft_lm.device} but the target takes its input on {target_lm.device}; "
+                         f"move the draft there first (draft.to({str(target_lm.device)!r}))")
 
 
 def check_features(target_lm, drafter: Drafter) -> None:
@@ -192,8 +209,10 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     """
     target_lm = as_language_model(target)
     drafter = as_drafter(draft, target)
-    input_ids = check_request(input_ids, target_lm.max_length, gamma, max_new_tokens, sampling)
+    max_length, context_name = context_limit(target_lm, getattr(drafter, "lm", None))
+    input_ids = check_request(input_ids, max_length, gamma, max_new_tokens, sampling, context_name)
     check_vocab(target_lm, drafter)
+    check_devices(target_lm, drafter)
     check_features(target_lm, drafter)
     check_batch(input_ids, target_lm, getattr(drafter, "lm", None))
     _check_pair_tokenizers(target, drafter)
@@ -266,7 +285,8 @@ def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
                             eos_token_id=None) -> Generation:
     """The baseline: one target forward per token, through the same wrapper, sampling rule and generator."""
     target_lm = as_language_model(target)
-    input_ids = check_request(input_ids, target_lm.max_length, 1, max_new_tokens, sampling)
+    input_ids = check_request(input_ids, target_lm.max_length, 1, max_new_tokens, sampling,
+                              context_limit(target_lm)[1])
     check_batch(input_ids, target_lm)
     eos = _eos_set(eos_token_id)
     device = target_lm.device

@@ -56,7 +56,7 @@ class ModelDraft(Drafter):
     """An independent draft model with its own KV cache: samples gamma tokens autoregressively from q."""
 
     def __init__(self, model):
-        self.lm = as_language_model(model)
+        self.lm = as_language_model(model, role="draft")
         self.vocab_size = self.lm.vocab_size
 
     def begin(self, input_ids: torch.Tensor) -> None:

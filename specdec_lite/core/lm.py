@@ -11,15 +11,23 @@ same loop:
 
 ``vocab_size`` is the width of the logits the wrapper returns (the aligned vocabulary), ``max_length`` the
 context the model supports (None: unbounded).
+
+Two caches for Hugging Face models, chosen per model with ``use_static_cache`` (or ``load_model(cache=...)``):
+transformers' ``DynamicCache`` (the default: it grows, and a rollback drops tensor slices), or a preallocated
+``StaticCache``, where a rollback only moves each layer's length and the next tokens overwrite the stale
+entries (the attention mask hides them until then). Its decode forwards can be compiled (``torch.compile``;
+on CUDA with ``mode="reduce-overhead"``, i.e. CUDA graphs), which pays at batch 1 on a GPU, where a step is
+bound by kernel launches. Both run the same loop, verifier and rollback.
 """
 from __future__ import annotations
 
 import inspect
 import weakref
+from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 # Tokenizers known for models: filled by ``models.load_model`` and ``register_tokenizer``; read by the
 # compatibility checks. A weak mapping, so it never keeps a model alive.
@@ -51,14 +59,73 @@ def usable_vocab_size(model: torch.nn.Module) -> int:
     return width
 
 
-class HFCausalLM:
-    """Any Hugging Face causal LM; the KV cache is transformers' own ``DynamicCache``, rolled back with ``crop``."""
+@dataclass
+class StaticState:
+    """A model's preallocated cache and its (compiled) forward, kept across calls: CUDA graphs record the
+    cache's addresses, so the same tensors must serve every generation."""
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
+    max_length: int  # tokens preallocated per row
+    compile: bool  # compile the decode forwards
+    caches: dict = field(default_factory=dict)  # (role, batch size) -> StaticCache; a model drafting for itself
+    forward: object = None  # has a "target" and a "draft" cache; the compiled forward is made on first use
+
+
+_STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+EAGER_ABOVE = 16  # feeds of more tokens (the prompt) run eagerly; shorter ones (decode, verify) use the compiled forward
+
+
+def use_static_cache(model: torch.nn.Module, max_length: int = 2048, compile: bool = False) -> torch.nn.Module:
+    """Run ``model`` with a preallocated ``StaticCache`` of ``max_length`` tokens per row (prompt + max_new_tokens
+    + gamma must fit; longer requests are refused before any work), its decode and verification forwards
+    compiled when ``compile`` (CUDA: CUDA graphs). Returns the model. ``use_dynamic_cache`` undoes it."""
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length (tokens preallocated per row) must be an integer >= 2, got {max_length!r}")
+    check_static_placement(getattr(model, "hf_device_map", None))
+    _STATIC[model] = StaticState(max_length=max_length, compile=compile)
+    return model
+
+
+def check_static_placement(device_map: dict | None) -> None:
+    """A static cache needs every layer on an accelerator or every layer on the CPU: refuse offloaded layers."""
+    placements = set(map(str, (device_map or {}).values()))
+    if len(placements) > 1 and placements & {"cpu", "disk"}:
+        raise ValueError(f"this model is split over {sorted(placements)}: a static cache with layers offloaded to "
+                         "the CPU or disk cannot work; load it on GPUs only (device_map without 'cpu'/'disk'), or "
+                         "keep the dynamic cache")
+
+
+def static_state(model: torch.nn.Module) -> StaticState | None:
+    """The static-cache settings of a model given to ``use_static_cache`` (None: dynamic cache)."""
+    return _STATIC.get(model)
+
+
+def use_dynamic_cache(model: torch.nn.Module) -> torch.nn.Module:
+    """Back to transformers' growing ``DynamicCache`` (the default)."""
+    _STATIC.pop(model, None)
+    return model
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where a model takes its input: its input embeddings' device (models split over devices included)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return embeddings.weight.device if embeddings is not None else model.device
+
+
+class HFCausalLM:
+    """Any Hugging Face causal LM; the KV cache is transformers' ``DynamicCache``, or a ``StaticCache`` for models
+    given to ``use_static_cache``; both roll back with ``crop`` (a negative count)."""
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, role: str = "target"):
         self.model = model
+        self.role = role  # which of a model's static caches this wrapper uses ("target" or "draft")
         self.vocab_size = vocab_size or usable_vocab_size(model)
         self.max_length = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
-        self.cache: DynamicCache | None = None
+        self.static = _STATIC.get(model)
+        self.context_name = "the model's context"
+        if self.static is not None:
+            self.max_length = min(self.max_length or self.static.max_length, self.static.max_length)
+            self.context_name = f"the static cache's {self.static.max_length} preallocated tokens"
+        self.cache: DynamicCache | StaticCache | None = None
         # transformers 5.24 renamed the forward's ``past_key_values`` to ``cache``; take whichever this one has
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -67,28 +134,51 @@ class HFCausalLM:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return model_device(self.model)
 
     def reset(self, batch_size: int) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = self._static_cache(batch_size) if self.static else DynamicCache(config=self.model.config)
+        layer_kind = StaticLayer if self.static else DynamicLayer
         for layer in self.cache.layers:
-            if type(layer) is not DynamicLayer:
+            if type(layer) is not layer_kind:
                 raise NotImplementedError(
                     f"{type(self.model).__name__} uses {type(layer).__name__} cache layers (sliding window or "
                     "linear attention), which cannot be rolled back exactly; use a full-attention model")
         self.length = 0
         self.batch_size = batch_size
 
+    def _static_cache(self, batch_size: int) -> StaticCache:
+        key = (self.role, batch_size)
+        cache = self.static.caches.get(key)
+        if cache is None:
+            cache = self.static.caches[key] = StaticCache(config=self.model.config, max_cache_len=self.static.max_length)
+        elif cache.get_seq_length():  # the same tensors again: only the lengths go back to 0
+            cache.crop(-int(cache.get_seq_length()))
+        return cache
+
+    def _forward(self, n_tokens: int):
+        state = self.static
+        if state is None or not state.compile or n_tokens > EAGER_ABOVE:
+            return self.model
+        if state.forward is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs on GPUs
+            state.forward = torch.compile(self.model, mode=mode, dynamic=False)
+        return state.forward
+
     supports_hidden = True
 
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, num_logits: int | None = None, return_hidden: bool = False):
-        out = self.model(input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
-                         output_hidden_states=return_hidden, **{self._cache_kwarg: self.cache})
+        forward = self._forward(tokens.shape[1])
+        out = forward(input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
+                      output_hidden_states=return_hidden, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
-        logits = out.logits[..., : self.vocab_size]
+        # logits come back where the last layer sits; a model split over devices returns them to the input's
+        logits = out.logits[..., : self.vocab_size].to(self.device)
+        if forward is not self.model:  # a CUDA-graph replay reuses its output memory: keep a copy
+            logits = logits.clone()
         # the last entry of hidden_states is after the final norm: the output layer's input
-        return (logits, out.hidden_states[-1]) if return_hidden else logits
+        return (logits, out.hidden_states[-1].to(self.device, copy=True)) if return_hidden else logits
 
     def crop(self, lengths: torch.Tensor) -> None:
         target = int(lengths.max())
@@ -100,7 +190,7 @@ class HFCausalLM:
                 "(ragged batches are supported by the toy models only)")
         if target > self.length:
             raise ValueError(f"cannot roll a cache of {self.length} tokens forward to {target}")
-        self.cache.crop(target - self.length)  # transformers 5.x: a negative count removes that many tokens
+        self.cache.crop(target - self.length)  # a negative count removes that many tokens (static: moves the length)
         self.length = target
 
     def cache_lengths(self) -> torch.Tensor:
@@ -108,7 +198,7 @@ class HFCausalLM:
 
     def cache_seq_length(self) -> int:
         """What the transformers cache itself reports (for the cache-truth tests)."""
-        return self.cache.get_seq_length() if self.cache is not None else 0
+        return int(self.cache.get_seq_length()) if self.cache is not None else 0
 
 
 def gather_tail(seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
@@ -138,12 +228,12 @@ def is_language_model(obj) -> bool:
     return all(hasattr(obj, name) for name in ("reset", "feed", "crop", "cache_lengths", "vocab_size"))
 
 
-def as_language_model(model) -> "HFCausalLM":
+def as_language_model(model, role: str = "target") -> "HFCausalLM":
     """Wrap a Hugging Face causal LM; pass protocol objects (toy models, wrappers) through unchanged."""
     if is_language_model(model):
         return model
     if isinstance(model, torch.nn.Module) and hasattr(model, "get_output_embeddings"):
-        return HFCausalLM(model)
+        return HFCausalLM(model, role=role)
     raise TypeError(
         f"expected a Hugging Face causal LM or an object with reset/feed/crop/cache_lengths/vocab_size, "
         f"got {type(model).__name__}")

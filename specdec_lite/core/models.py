@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from ..paths import HEAD_CONFIG, cache_dir, drafts_dir, is_head_dir
-from .lm import register_tokenizer
+from .lm import check_static_placement, register_tokenizer, use_static_cache
+from .memory import check_fits, placement_devices
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_DRAFT = "smollm2-135m-draft"  # trained by this project (notebooks/00_train_draft.ipynb), in data/drafts
@@ -192,23 +193,44 @@ def looks_like_hub_id(name: str) -> bool:
         part and part not in (".", "..") and all(ch.isalnum() or ch in "-_." for ch in part) for part in parts)
 
 
-def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto"):
+def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto",
+               *, device_map=None, cache: str = "dynamic", max_cache_len: int = 2048, compile: bool = False):
     """(model, tokenizer) for a package name (``"smollm2-135m-instruct"``), a Hugging Face id or a local path.
 
     dtype: ``"auto"`` (the default, also None) is the device's rule in ``auto_dtype``: float32 on the CPU,
-    bfloat16 (or float16) on CUDA; or a name or torch dtype. The model is in eval mode and its tokenizer is
-    registered, so ``speculative_generate`` can refuse a draft whose tokenizer differs.
+    bfloat16 (or float16) on CUDA; or a name or torch dtype. ``device_map`` ("auto" or a dict, through
+    accelerate) spreads a model too large for one device over several (``device`` is then ignored).
+    ``cache="static"`` preallocates ``max_cache_len`` tokens (``lm.use_static_cache``), ``compile=True`` compiles
+    its decode forwards (CUDA graphs on a GPU). The weights and cache are checked against free memory before
+    loading. The model is in eval mode and its tokenizer is registered, so ``speculative_generate`` can refuse a
+    draft whose tokenizer differs.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    if cache not in ("dynamic", "static"):
+        raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
+    if compile and cache != "static":
+        raise ValueError("compile=True needs cache='static' (compiled forwards need fixed shapes)")
+    if cache == "static" and isinstance(device_map, dict):
+        check_static_placement(device_map)  # before loading; "auto" placements are checked once known
     device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
+    devices = placement_devices(device, device_map)
+    dtype = resolve_dtype(dtype, devices[0])
     path = resolve_name(name_or_path)
     if is_head_dir(path):
         raise ValueError(f"{name_or_path} is a feature-level head, not a model: it runs on a target's hidden "
                          f"states. Load it with load_draft({name_or_path!r}, target) or "
                          f"load_pair(target, draft={name_or_path!r})")
+    config = AutoConfig.from_pretrained(path)
+    check_fits(name_or_path, config, dtype, devices, max_cache_len if cache == "static" else 0)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    if device_map is None:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    else:
+        offload = cache_dir() / "offload" / Path(path).name  # where layers mapped to "disk" are kept
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map,
+                                                     offload_folder=str(offload)).eval()
+    if cache == "static":
+        use_static_cache(model, max_length=max_cache_len, compile=compile)
     register_tokenizer(model, tokenizer)
     return model, tokenizer

@@ -5,7 +5,7 @@ import copy
 
 import torch
 
-from ..core.lm import HFCausalLM, as_language_model
+from ..core.lm import HFCausalLM, as_language_model, static_state, use_static_cache
 from ..core.drafter import ModelDraft
 
 
@@ -67,4 +67,8 @@ class LayerSkipDraft(ModelDraft):
             layers = [i for i in range(n) if not n // 3 <= i < 2 * n // 3]
         self.layers = list(layers)
         target_lm = as_language_model(target)
-        super().__init__(HFCausalLM(layer_subset_model(target, self.layers), vocab_size=target_lm.vocab_size))
+        subset = layer_subset_model(target, self.layers)
+        state = static_state(target)
+        if state is not None:  # a target on the static path gets a draft on it too
+            use_static_cache(subset, max_length=state.max_length, compile=state.compile)
+        super().__init__(HFCausalLM(subset, vocab_size=target_lm.vocab_size, role="draft"))

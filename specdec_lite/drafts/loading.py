@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.lm import tokenizer_of
+from ..core.lm import model_device, static_state, tokenizer_of
 from ..core.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, check_model_name, load_model, resolve_name
 from ..core.tokenizers import check_tokenizers
 from ..paths import drafts_dir, is_head_dir
@@ -27,7 +27,9 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
     path = resolve_name(name_or_path)
     if is_head_dir(path):
         return load_head(path, target)
-    draft_model, draft_tokenizer = load_model(path, device or target.device, dtype or target.dtype)
+    state = static_state(target)  # a draft model takes the target's cache kind and sits at its input
+    options = dict(cache="static", max_cache_len=state.max_length, compile=state.compile) if state else {}
+    draft_model, draft_tokenizer = load_model(path, device or model_device(target), dtype or target.dtype, **options)
     if tokenizer_of(target) is not None:
         check_tokenizers(tokenizer_of(target), draft_tokenizer)
     return draft_model
@@ -41,12 +43,14 @@ def check_draft_name(name_or_path: str) -> None:
 
 
 def load_pair(target: str = EMBEDDED_TARGET, draft: str = EMBEDDED_DRAFT, device: str | torch.device = "auto",
-              dtype: str | torch.dtype | None = "auto"):
+              dtype: str | torch.dtype | None = "auto", **load_options):
     """(target, draft, tokenizer): by default the embedded target and the draft trained for it. ``draft`` is
     anything ``load_draft`` takes (a model, a head, "n-gram", "layer-skip"). An incompatible draft (another
     tokenizer, a head trained for another target) is refused before anything else runs. dtype: as in
-    ``load_model`` ("auto" by default); the draft follows the target's."""
-    target_model, tokenizer = load_model(target, device, dtype)
+    ``load_model`` ("auto" by default); the draft follows the target's. ``load_options`` (``device_map``,
+    ``cache``, ``max_cache_len``, ``compile``) go to ``load_model`` for the target; a draft model gets the same
+    cache kind, on the device where the target takes its input."""
+    target_model, tokenizer = load_model(target, device, dtype, **load_options)
     return target_model, load_draft(draft, target_model), tokenizer
 
 

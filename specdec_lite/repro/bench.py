@@ -23,7 +23,7 @@ import torch
 
 from ..core.decode import Clock, autoregressive_generate, speculative_generate
 from ..core.lm import HFCausalLM
-from ..core.models import EMBEDDED_TARGET, load_model, resolve_device
+from ..core.models import EMBEDDED_TARGET, dtype_name, load_model, resolve_device, resolve_dtype
 from ..core.sampling import SamplingParams
 from ..drafts.layer_skip import LayerSkipDraft
 from ..drafts.ngram import NGramDraft
@@ -77,9 +77,9 @@ def compare(methods: dict, prompts, repeats: int, device) -> tuple[pd.DataFrame,
     return summarize(times, tokens), identical
 
 
-def run(device="auto", max_new_tokens=64, repeats=3, gamma=4, exit_layer=10) -> pd.DataFrame:
+def run(device="auto", max_new_tokens=64, repeats=3, gamma=4, exit_layer=10, dtype="auto") -> pd.DataFrame:
     device = resolve_device(device)
-    model, tokenizer = load_model(EMBEDDED_TARGET, device=device, dtype=torch.float32)
+    model, tokenizer = load_model(EMBEDDED_TARGET, device=device, dtype=dtype)
     eos = tokenizer.eos_token_id
     prompts = [chat_ids(tokenizer, p, device) for p in BENCH_PROMPTS]
     hf_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos)
@@ -175,12 +175,15 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--exit-layer", type=int, default=10)
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    table = run(args.device, args.max_new_tokens, args.repeats, args.gamma, args.exit_layer)
+    table = run(args.device, args.max_new_tokens, args.repeats, args.gamma, args.exit_layer, args.dtype)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 3):
         print(table.to_string(index=False))
-    print(f"\n{torch.get_num_threads()} threads, torch {torch.__version__}; {time.perf_counter() - start:.0f} s")
+    dtype = dtype_name(resolve_dtype(args.dtype, resolve_device(args.device)))
+    print(f"\ndtype {dtype}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+          f"{time.perf_counter() - start:.0f} s")
     if not table["greedy outputs identical"].all():
         raise SystemExit("greedy outputs differ between ours and transformers: see the table")
 

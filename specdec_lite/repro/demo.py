@@ -19,8 +19,8 @@ from .tasks import chat_ids
 PROMPT = "Rewrite this list in alphabetical order, one per line: pear, apple, mango, cherry, banana, kiwi."
 
 
-def main(max_new_tokens: int = 64, gamma: int = 4) -> None:
-    model, tokenizer = load_model(EMBEDDED_TARGET)
+def main(max_new_tokens: int = 64, gamma: int = 4, dtype: str = "auto") -> None:
+    model, tokenizer = load_model(EMBEDDED_TARGET, dtype=dtype)
     x = chat_ids(tokenizer, PROMPT, model.device)
     greedy = SamplingParams(temperature=0)
     base = autoregressive_generate(model, x, max_new_tokens=max_new_tokens, sampling=greedy,
@@ -46,8 +46,9 @@ def cli(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
     args = parser.parse_args(argv)
-    main(args.max_new_tokens, args.gamma)
+    main(args.max_new_tokens, args.gamma, args.dtype)
 
 
 if __name__ == "__main__":

@@ -211,9 +211,10 @@ def main(argv=None):
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
     parser.add_argument("--out", default="data/results/draft_kinds.csv")
     args = parser.parse_args(argv)
-    target, tokenizer = load_model(args.target, args.device)
+    target, tokenizer = load_model(args.target, args.device, args.dtype)
     drafts = {name: load_draft(name, target) for name in args.drafts}  # refusals come before any run
     prompts = first_per_task(load_prompts(args.prompts), args.prompts_per_task)
     frames = [run_prompts(target, tokenizer, drafts, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,

@@ -228,6 +228,7 @@ def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
     parser.add_argument("--out", default=None, help="default: the repository's data/target_text")
     parser.add_argument("--budget", type=int, default=100_000, help="new reply tokens to write")
     parser.add_argument("--batch-size", type=int, default=16)
@@ -238,7 +239,7 @@ def main(argv=None):
                         help="only these prompt families (code explain advice translate chat summarize)")
     args = parser.parse_args(argv)
     out_dir = Path(args.out or paths.corpus_dir())
-    model, tokenizer = load_model(args.target)
+    model, tokenizer = load_model(args.target, dtype=args.dtype)
     n = generate_corpus(model, tokenizer, out_dir, args.budget, args.batch_size, args.max_new_tokens,
                         seed=args.seed, target_name=args.target, max_minutes=args.minutes, families=args.families)
     print(f"wrote {n} reply tokens; {len(load_index(out_dir))} records in {out_dir}")

@@ -1,0 +1,69 @@
+"""The GPU check's benchmark, at tiny shapes on the CPU (the smoke version `make test` runs), and its oracle
+drafter, whose acceptance is set by construction."""
+import csv
+
+import pytest
+import torch
+
+import specdec_lite as sd
+from specdec_lite.repro import gpu_bench
+from specdec_lite.repro.evaluate import alpha_estimate
+
+GREEDY = sd.SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    return (gpu_bench.random_llama("tiny-target", "cpu", torch.float32, seed=0),
+            gpu_bench.random_llama("tiny-draft", "cpu", torch.float32, seed=1))
+
+
+def test_random_llamas_have_the_real_shapes():
+    with torch.device("meta"):
+        from transformers import LlamaConfig, LlamaForCausalLM
+        big = LlamaForCausalLM(LlamaConfig(**gpu_bench.SHAPES["llama-3.1-8b"]))
+        small = LlamaForCausalLM(LlamaConfig(**gpu_bench.SHAPES["llama-3.2-1b"]))
+    assert round(sum(p.numel() for p in big.parameters()) / 1e9, 2) == 8.03
+    assert round(sum(p.numel() for p in small.parameters()) / 1e9, 2) == 1.24
+    model = gpu_bench.random_llama("tiny-draft", "cpu", torch.bfloat16)
+    assert next(model.parameters()).dtype == torch.bfloat16 and torch.get_default_dtype() == torch.float32
+
+
+@pytest.mark.parametrize("a, accepted", [(1.0, 5), (0.0, 1)])
+def test_the_oracle_sets_acceptance_by_construction(tiny_pair, a, accepted):
+    target, draft = tiny_pair
+    x = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(0))
+    reference = sd.autoregressive_generate(target, x, max_new_tokens=40, sampling=GREEDY).tokens
+    spec = sd.speculative_generate(target, gpu_bench.OracleDraft(draft, reference, 8, a), x, gamma=4,
+                                   max_new_tokens=40, sampling=GREEDY)
+    assert torch.equal(spec.tokens, reference)
+    assert set(spec.stats.accepted_lengths[:-1]) == {accepted}
+
+
+def test_the_oracle_acceptance_rate_matches_a(tiny_pair):
+    """At a = 0.7 the per-position acceptance, counted like alpha over 400 tokens, is within 0.1 of 0.7."""
+    target, draft = tiny_pair
+    x = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(1))
+    reference = sd.autoregressive_generate(target, x, max_new_tokens=400, sampling=GREEDY).tokens
+    spec = sd.speculative_generate(target, gpu_bench.OracleDraft(draft, reference, 8, 0.7, seed=3), x, gamma=4,
+                                   max_new_tokens=400, sampling=GREEDY)
+    alpha = alpha_estimate(spec.stats.accepted_lengths, spec.stats.proposed_lengths)
+    assert abs(alpha - 0.7) < 0.1, alpha
+
+
+def test_the_smoke_benchmark_writes_its_csv_and_figure(tmp_path):
+    rows = gpu_bench.run("cpu", "tiny", ("eager-dynamic", "static-eager"), "float32", new_tokens=16, repeats=1,
+                         log=lambda line: None)
+    assert [r["path"] for r in rows] == ["eager-dynamic", "static-eager"]
+    for r in rows:
+        assert r["device"] == "CPU" and r["dtype"] == "float32" and r["target"] == "tiny-target"
+        assert r["target ms/token"] > 0 and r["c"] > 0 and r["ours autoregressive tokens/s"] > 0
+        assert all(r[f"predicted speedup a={a}"] > 0 and r[f"speculative tokens/s a={a}"] > 0
+                   for a in gpu_bench.ACCEPTANCES)
+        assert r["transformers generate tokens/s"] > 0 and r["transformers assisted tokens/s"] > 0
+    path = gpu_bench.write_csv(rows, tmp_path / "gpu_check.csv")
+    with open(path) as f:
+        assert len(list(csv.DictReader(f))) == 2
+    assert gpu_bench.write_figure(rows, tmp_path / "gpu_check.png").stat().st_size > 10_000
+    with pytest.raises(ValueError, match="unknown paths"):
+        gpu_bench.run("cpu", "tiny", ("eager",), "float32")
