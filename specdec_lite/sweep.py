@@ -109,7 +109,7 @@ def read_sweep(path: str | Path) -> Sweep:
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: pair {i} must be a mapping with keys 'target' and 'draft'")
         check_keys(entry, PAIR_KEYS, {"target", "draft"}, f"{where}, pair {i}")
-        pairs.append(Pair(**{k: (dict(v or {}) if k == "parameters" else str(v)) for k, v in entry.items()}))
+        pairs.append(Pair(**{k: pair_value(k, v) for k, v in entry.items()}))
     declared = set().union(*(declared_parameters(name) for name, _ in notebooks))
     given = [("parameters", raw.get("parameters") or {})] + [(f"notebooks: {n}", p) for n, p in notebooks] + \
             [(f"pair {i} parameters", p.parameters) for i, p in enumerate(pairs, 1)]
@@ -120,6 +120,15 @@ def read_sweep(path: str | Path) -> Sweep:
                              f"{sorted(declared)}")
     out = Path(raw.get("out") or paths.repo_root() / "out" / "sweeps" / path.stem)
     return Sweep(notebooks=notebooks, parameters=dict(raw.get("parameters") or {}), pairs=pairs, out=out)
+
+
+def pair_value(key: str, value):
+    """A pair's value as the notebooks take it: parameters a dict, heads a comma-separated string, else a string."""
+    if key == "parameters":
+        return dict(value or {})
+    if key == "heads" and isinstance(value, list):
+        return ",".join(map(str, value))
+    return "" if value is None else str(value)
 
 
 def check_keys(mapping: dict, allowed: set, required: set, where: str) -> None:

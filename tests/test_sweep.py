@@ -60,6 +60,16 @@ def test_sweep_over_two_local_pairs_and_a_refused_one(tmp_path, local_pairs):
     assert shipped_digest() == before  # byte for byte
 
 
+def test_pairs_files_take_yaml_lists_and_defaults(tmp_path):
+    sweep_file = sweep.read_sweep(write(tmp_path, {"pairs": [
+        {"target": "t", "draft": "d", "heads": ["h1", "h2"], "parameters": {"gamma": 3}}]}))
+    pair = sweep_file.pairs[0]
+    assert (pair.heads, pair.device, pair.dtype, pair.parameters) == ("h1,h2", "cpu", "auto", {"gamma": 3})
+    assert sweep_file.notebooks == [("03_task_acceptance", {})] and sweep_file.out.name == "pairs"
+    assert sweep.changed_parameters("03_task_acceptance", {"gamma": 4, "heads": "auto", "dtype": "bfloat16"}) == \
+        {"dtype": "bfloat16"}  # papermill injects only what differs from the notebook's defaults
+
+
 @pytest.mark.parametrize("content, message", [
     ({"pairs": [{"target": "x"}]}, "pair 1: missing keys \\['draft'\\]"),
     ({"pairs": [{"target": "x", "draft": "y", "dtpye": "auto"}]}, "pair 1: unknown keys \\['dtpye'\\]"),
