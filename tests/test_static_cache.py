@@ -146,3 +146,24 @@ def test_memory_is_checked_before_loading(local_pairs, monkeypatch):
     with pytest.raises(MemoryError, match=r"needs about .* GB of weights in float32 .* cpu has 0.0 GB free; "
                                           r"try dtype='bfloat16'"):
         sd.load_model(path, device="cpu", cache="static", max_cache_len=4096)
+
+
+def test_greedy_identity_of_the_embedded_target_on_the_static_path(embedded):
+    """The embedded target with a static cache: static speculative (the trained draft, static too; layer skip;
+    n-gram) == static autoregressive == transformers' generate."""
+    model, tokenizer = embedded
+    x = tokenizer.apply_chat_template([{"role": "user", "content": "List three uses of a cache."}],
+                                      add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    reference = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False,
+                               pad_token_id=tokenizer.eos_token_id)[0, x.shape[1]:]
+    use_static_cache(model, max_length=256)
+    try:
+        draft = sd.load_draft(sd.EMBEDDED_DRAFT, model)
+        assert static_state(draft).max_length == 256  # a draft model follows the target's cache kind
+        ours = sd.autoregressive_generate(model, x, max_new_tokens=32, sampling=GREEDY)
+        assert torch.equal(ours.tokens, reference)
+        for kind in (draft, sd.LayerSkipDraft(model, exit_layer=20), sd.NGramDraft()):
+            spec = sd.speculative_generate(model, kind, x, gamma=4, max_new_tokens=32, sampling=GREEDY)
+            assert torch.equal(spec.tokens, reference), type(kind).__name__
+    finally:
+        use_dynamic_cache(model)  # the fixture is shared with other tests
