@@ -37,10 +37,8 @@ from pathlib import Path
 
 from . import paths
 from .paths import is_head_dir
-from .core.models import check_model_name, resolve_device, resolve_dtype
 from .core.tokenizers import check_tokenizers
-from .drafts.loading import check_draft_name
-from .repro.notebook import SMOKE_ENV, is_default_run, run_folder, run_name_for
+from .repro.notebook import SMOKE_ENV, RunPlace, check_parameters, place_run
 
 PAIR_KEYS = {"target", "draft", "heads", "device", "dtype", "run_name", "parameters"}
 TOP_KEYS = {"notebooks", "parameters", "pairs", "out"}
@@ -139,31 +137,20 @@ def check_keys(mapping: dict, allowed: set, required: set, where: str) -> None:
         raise ValueError(f"{where}: missing keys {missing}")
 
 
-def check_pair(pair: Pair) -> None:
-    """Refuse a pair before its notebooks start: names, device, dtype, and the draft's tokenizer."""
+def check_pair(pair: Pair, smoke: bool = False) -> RunPlace:
+    """Refuse a pair before its notebooks start (names, device, dtype, the draft's tokenizer), with the notebooks'
+    own checks; returns where its run writes, by the notebooks' own rule."""
     from transformers import AutoTokenizer
 
     from .core.models import resolve_name
 
-    device = resolve_device(pair.device)
-    resolve_dtype(pair.dtype, device)
-    check_model_name(pair.target)
-    check_draft_name(pair.draft)
+    device, dtype = check_parameters(pair.target, pair.draft, pair.device, pair.dtype)
+    place = place_run(pair.target, pair.draft, device, dtype, pair.run_name, smoke)
     if pair.draft in ("n-gram", "layer-skip") or is_head_dir(Path(resolve_name(pair.draft))):
-        return  # drafts without a tokenizer of their own
+        return place  # drafts without a tokenizer of their own
     check_tokenizers(AutoTokenizer.from_pretrained(resolve_name(pair.target)),
                      AutoTokenizer.from_pretrained(resolve_name(pair.draft)))
-
-
-def where_run_writes(pair: Pair, smoke: bool) -> tuple[Path, bool]:
-    """(the run's folder for executed notebooks, whether it is the embedded default run); the notebooks' own rule."""
-    device = resolve_device(pair.device)
-    dtype = resolve_dtype(pair.dtype, device)
-    default = not smoke and is_default_run(pair.target, pair.draft, device, dtype, pair.run_name)
-    root = paths.repo_root()
-    if default:
-        return root / "notebooks", True
-    return run_folder(root, pair.run_name or run_name_for(pair.target, pair.draft, dtype), smoke), False
+    return place
 
 
 def run_notebook(name: str, output: Path, parameters: dict) -> None:
@@ -236,49 +223,44 @@ def run_sweep(sweep: Sweep, log=print) -> list[dict]:
     for i, pair in enumerate(sweep.pairs, 1):
         head = f"[pair {i}/{len(sweep.pairs)}] {pair.label}"
         try:
-            check_pair(pair)
-            folder, default = where_run_writes(pair, smoke or bool(pair.parameters.get("smoke")))
+            place = check_pair(pair, smoke or bool(pair.parameters.get("smoke")))
         except (ValueError, FileNotFoundError, OSError) as err:
             log(f"{head}: refused: {err}")
             status += [row(pair, name, "refused", str(err), None) for name, _ in sweep.notebooks]
             continue
+        notebooks = paths.repo_root() / "notebooks" if place.default else place.folder  # default: in place
         for name, nb_params in sweep.notebooks:
             params = {k: getattr(pair, k) for k in PAIR_PARAMETERS} | sweep.parameters | nb_params | pair.parameters
             log(f"{head}: {name} ...")
             start = time.perf_counter()
             try:
-                run_notebook(name, folder / f"{Path(name).stem}.ipynb", params)
+                run_notebook(name, notebooks / f"{Path(name).stem}.ipynb", params)
                 outcome, reason = "ok", ""
             except PapermillExecutionError as err:
                 outcome, reason = "failed", f"{err.ename}: {err.evalue}"
             seconds = time.perf_counter() - start
             log(f"{head}: {name} {outcome} ({seconds:.0f} s){': ' + reason if reason else ''}")
-            status.append(row(pair, name, outcome, reason, seconds, folder))
+            status.append(row(pair, name, outcome, reason, seconds, notebooks, place.results))
     return status
 
 
-def row(pair: Pair, notebook: str, outcome: str, reason: str, seconds, folder: Path | None = None) -> dict:
+def row(pair: Pair, notebook: str, outcome: str, reason: str, seconds, folder: Path | None = None,
+        results: Path | None = None) -> dict:
+    """One status row: the pair, the notebook, how it ended, and where the executed notebook and CSVs went."""
     return {"pair": pair.label, "target": pair.target, "draft": pair.draft, "device": pair.device,
             "dtype": pair.dtype, "notebook": notebook, "status": outcome, "reason": reason,
-            "seconds": None if seconds is None else round(seconds, 1), "folder": str(folder or "")}
+            "seconds": None if seconds is None else round(seconds, 1), "folder": str(folder or ""),
+            "results": str(results or "")}
 
 
 def comparison(status: list[dict]):
     """One table over the pairs: every run's task_acceptance_summary.csv (03), with its pair label."""
     import pandas as pd
 
-    frames = []
-    for r in status:
-        if r["notebook"].startswith("03") and r["status"] == "ok":
-            folder = Path(r["folder"])
-            results = paths.results_dir() if folder.name == "notebooks" else folder / "results"
-            summary = pd.read_csv(results / "task_acceptance_summary.csv")
-            frames.append(summary.assign(pair=r["pair"]))
-    if not frames:
-        return pd.DataFrame(columns=["pair", "method", "task", "temperature", "alpha", "mean_accepted_length",
-                                     "c", "speedup", "dtype"])
     cols = ["pair", "method", "task", "temperature", "alpha", "mean_accepted_length", "c", "speedup", "dtype"]
-    return pd.concat(frames, ignore_index=True)[cols]
+    frames = [pd.read_csv(Path(r["results"]) / "task_acceptance_summary.csv").assign(pair=r["pair"])
+              for r in status if r["notebook"].startswith("03") and r["status"] == "ok"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
 def comparison_figure(table, path: Path) -> None:

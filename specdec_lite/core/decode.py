@@ -285,8 +285,8 @@ def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
                             eos_token_id=None) -> Generation:
     """The baseline: one target forward per token, through the same wrapper, sampling rule and generator."""
     target_lm = as_language_model(target)
-    input_ids = check_request(input_ids, target_lm.max_length, 1, max_new_tokens, sampling,
-                              context_limit(target_lm)[1])
+    max_length, context_name = context_limit(target_lm)
+    input_ids = check_request(input_ids, max_length, 1, max_new_tokens, sampling, context_name)
     check_batch(input_ids, target_lm)
     eos = _eos_set(eos_token_id)
     device = target_lm.device

@@ -174,11 +174,10 @@ class HFCausalLM:
                       output_hidden_states=return_hidden, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
         # logits come back where the last layer sits; a model split over devices returns them to the input's
-        logits = out.logits[..., : self.vocab_size].to(self.device)
-        if forward is not self.model:  # a CUDA-graph replay reuses its output memory: keep a copy
-            logits = logits.clone()
+        compiled = forward is not self.model  # a CUDA-graph replay reuses its output memory: keep copies
+        logits = out.logits[..., : self.vocab_size].to(self.device, copy=compiled)
         # the last entry of hidden_states is after the final norm: the output layer's input
-        return (logits, out.hidden_states[-1].to(self.device, copy=True)) if return_hidden else logits
+        return (logits, out.hidden_states[-1].to(self.device, copy=compiled)) if return_hidden else logits
 
     def crop(self, lengths: torch.Tensor) -> None:
         target = int(lengths.max())

@@ -51,6 +51,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return device
 
 
+DTYPE_HELP = "auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16"  # for --dtype options
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 

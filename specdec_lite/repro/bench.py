@@ -23,7 +23,7 @@ import torch
 
 from ..core.decode import Clock, autoregressive_generate, speculative_generate
 from ..core.lm import HFCausalLM
-from ..core.models import EMBEDDED_TARGET, dtype_name, load_model, resolve_device, resolve_dtype
+from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, dtype_name, load_model, resolve_device, resolve_dtype
 from ..core.sampling import SamplingParams
 from ..drafts.layer_skip import LayerSkipDraft
 from ..drafts.ngram import NGramDraft
@@ -175,7 +175,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--exit-layer", type=int, default=10)
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
+    parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     args = parser.parse_args(argv)
     start = time.perf_counter()
     table = run(args.device, args.max_new_tokens, args.repeats, args.gamma, args.exit_layer, args.dtype)

@@ -10,7 +10,7 @@ import argparse
 import torch
 
 from ..core.decode import autoregressive_generate, speculative_generate
-from ..core.models import EMBEDDED_TARGET, load_model
+from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
 from ..drafts.layer_skip import LayerSkipDraft
 from ..drafts.ngram import NGramDraft
@@ -46,7 +46,7 @@ def cli(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round")
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
+    parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     args = parser.parse_args(argv)
     main(args.max_new_tokens, args.gamma, args.dtype)
 

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from ..core.decode import autoregressive_generate, speculative_generate
-from ..core.models import EMBEDDED_TARGET, load_model
+from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
 from ..drafts.loading import load_draft
 from ..paths import prompts_dir
@@ -211,7 +211,7 @@ def main(argv=None):
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
+    parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     parser.add_argument("--out", default="data/results/draft_kinds.csv")
     args = parser.parse_args(argv)
     target, tokenizer = load_model(args.target, args.device, args.dtype)

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
-from ..core.decode import Clock, autoregressive_generate, speculative_generate
+from ..core.decode import autoregressive_generate, speculative_generate
 from ..core.drafter import Drafter, ModelDraft
 from ..core.lm import use_dynamic_cache, use_static_cache
-from ..core.models import dtype_name, resolve_device, resolve_dtype
+from ..core.models import DTYPE_HELP, dtype_name, resolve_device, resolve_dtype
 from ..core.sampling import SamplingParams
 from . import theory
+from .bench import timed
 from .costs import measure
 
 GREEDY = SamplingParams(temperature=0)
@@ -106,13 +107,11 @@ class OracleDraft(Drafter):
 def tokens_per_second(fn, device, repeats: int) -> tuple[float, object]:
     """Median tokens/s of ``fn()`` (which returns new tokens) over ``repeats`` timed calls after one warm-up
     call (which also compiles); returns (tokens/s, the last output)."""
-    clock = Clock(device)
     out = fn()
     rates = []
     for _ in range(repeats):
-        start = clock.now()
-        out = fn()
-        rates.append(len(out) / (clock.now() - start))
+        out, seconds = timed(fn, device)
+        rates.append(len(out) / seconds)
     return statistics.median(rates), out
 
 
@@ -247,7 +246,7 @@ def main(argv=None):
     parser.add_argument("--shapes", default="gpu", choices=sorted(PAIR_SETS),
                         help="gpu: Llama-3.1-8B + Llama-3.2-1B and SmolLM2-135M shapes; tiny: the CPU smoke test")
     parser.add_argument("--paths", nargs="+", default=["eager-dynamic", "static-compiled"], choices=PATHS)
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="out/gpu_check")

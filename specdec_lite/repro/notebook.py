@@ -95,8 +95,37 @@ def is_default_run(target: str, draft: str, device: torch.device, dtype: torch.d
     return (target, draft, device.type, dtype, run_name) == (EMBEDDED_TARGET, EMBEDDED_DRAFT, "cpu", DEFAULT_DTYPE, "")
 
 
-def run_folder(root: Path, name: str, smoke: bool) -> Path:
-    return root / "out" / ("smoke" if smoke else "runs") / name
+def check_parameters(target: str, draft: str, device: str, dtype: str,
+                     check_draft: bool = True) -> tuple[torch.device, torch.dtype]:
+    """A clear error, before any work, for a name that cannot be loaded, a device that is not there or a dtype it
+    cannot run; returns the resolved device and dtype. The notebooks (``setup``) and the sweep both check here."""
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    check_model_name(target)
+    if check_draft:
+        check_draft_name(draft)
+    return device, dtype
+
+
+@dataclass(frozen=True)
+class RunPlace:
+    name: str  # the run's name
+    default: bool  # the embedded default run (full size): it writes the shipped figures and results
+    folder: Path  # the run's folder (the repository itself for the default run)
+    figures: Path
+    results: Path
+
+
+def place_run(target: str, draft: str, device: torch.device, dtype: torch.dtype, run_name: str = "",
+              smoke: bool = False) -> RunPlace:
+    """Where a run writes: the shipped folders for the embedded default run, else ``out/runs/<name>/`` (smoke:
+    ``out/smoke/<name>/``), the name from the pair and dtype unless ``run_name`` is given."""
+    root = paths.repo_root()
+    name = run_name or run_name_for(target, draft, dtype)
+    if not smoke and is_default_run(target, draft, device, dtype, run_name):
+        return RunPlace(name, True, root, paths.figures_dir(), paths.results_dir())
+    folder = root / "out" / ("smoke" if smoke else "runs") / name
+    return RunPlace(name, False, folder, folder / "figures", folder / "results")
 
 
 def setup(smoke: bool = False, target: str = EMBEDDED_TARGET, draft: str = EMBEDDED_DRAFT, device: str = "cpu",
@@ -104,21 +133,11 @@ def setup(smoke: bool = False, target: str = EMBEDDED_TARGET, draft: str = EMBED
     """Check the notebook's parameters (names, device, dtype: a clear error before any work), then create and
     return its output folders. ``check_draft=False`` for notebooks whose ``draft`` is a name to write."""
     smoke = bool(smoke) or os.environ.get(SMOKE_ENV) == "1"
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
-    check_model_name(target)
-    if check_draft:
-        check_draft_name(draft)
-    root = paths.repo_root()
-    default = is_default_run(target, draft, device, dtype, run_name)
-    name = run_name or run_name_for(target, draft, dtype)
-    folder = run_folder(root, name, smoke)
-    if default and not smoke:
-        folder, figures, results = root, paths.figures_dir(), paths.results_dir()
-    else:
-        figures, results = folder / "figures", folder / "results"
-    run = NotebookRun(root=root, smoke=smoke, name=name, default=default and not smoke, folder=folder,
-                      figures=figures, results=results, target=target, draft=draft, device=device, dtype=dtype)
+    device, dtype = check_parameters(target, draft, device, dtype, check_draft)
+    place = place_run(target, draft, device, dtype, run_name, smoke)
+    run = NotebookRun(root=paths.repo_root(), smoke=smoke, name=place.name, default=place.default,
+                      folder=place.folder, figures=place.figures, results=place.results, target=target, draft=draft,
+                      device=device, dtype=dtype)
     run.figures.mkdir(parents=True, exist_ok=True)
     run.results.mkdir(parents=True, exist_ok=True)
     print(f"smoke: {smoke} | {run.dtype_name} on {device.type} | writes to {run.shown(run.results)} and "

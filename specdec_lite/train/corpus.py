@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import paths
-from ..core.models import EMBEDDED_TARGET, load_model
+from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 
 TEMPERATURES = (0.0, 0.7, 1.0)  # cycled over records: greedy text for greedy acceptance, sampled for variety
 
@@ -228,7 +228,7 @@ def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
+    parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     parser.add_argument("--out", default=None, help="default: the repository's data/target_text")
     parser.add_argument("--budget", type=int, default=100_000, help="new reply tokens to write")
     parser.add_argument("--batch-size", type=int, default=16)

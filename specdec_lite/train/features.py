@@ -14,7 +14,6 @@ A fingerprint of the target's weights is stored beside them, so features of anot
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.models import EMBEDDED_TARGET, load_model
+from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..drafts.fingerprint import weights_fingerprint
 from .. import paths
 from .batching import padded
@@ -104,7 +103,7 @@ def load_features(out_dir: Path) -> tuple[np.memmap, dict]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on the CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
+    parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     parser.add_argument("--corpus", default=None, help="default: the repository's data/target_text")
     parser.add_argument("--out", default=None, help="default: the cache folder for this target")
     parser.add_argument("--batch-size", type=int, default=16)
