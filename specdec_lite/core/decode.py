@@ -20,6 +20,7 @@ from .drafter import Drafter, as_drafter
 from .lm import as_language_model, feed_unseen, tokenizer_of
 from .tokenizers import check_tokenizers
 from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
+from .tree import attention_mask, compact_indices, positions, verify_tree, verify_tree_greedy
 from .verify import verify, verify_greedy
 
 
@@ -31,7 +32,8 @@ class GenerationStats:
     rounds: int = 0  # target forwards (the first one also processes the prompt)
     accepted_lengths: list = field(default_factory=list)  # per round and active row: accepted drafts + 1
     proposed_lengths: list = field(default_factory=list)  # per round and active row: drafts proposed (<= gamma)
-    drafted: int = 0  # draft tokens proposed to the verifier
+    tree_depths: list = field(default_factory=list)  # per round (token trees only): depth of the proposed tree
+    drafted: int = 0  # draft tokens (tree nodes) proposed to the verifier
     accepted: int = 0  # draft tokens the verifier accepted
     new_tokens: int = 0  # tokens returned (after max_new_tokens and EOS truncation), all rows
     draft_seconds: float = 0.0  # the first round includes each model's prompt forward (the prefill)
@@ -215,6 +217,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     check_devices(target_lm, drafter)
     check_features(target_lm, drafter)
     check_batch(input_ids, target_lm, getattr(drafter, "lm", None))
+    check_tree_request(input_ids, target_lm, drafter, sampling)
     _check_pair_tokenizers(target, drafter)
     eos = _eos_set(eos_token_id)
     device = target_lm.device
@@ -232,6 +235,10 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     done = torch.zeros(B, dtype=torch.bool, device=device)
 
     while not bool(done.all()):
+        if drafter.proposes_trees:  # token trees: one row, its own round (below)
+            lengths = _tree_round(target_lm, drafter, seq, lengths, gamma, sampling, generator, stats, clock)
+            done = _done(seq, T, lengths, max_new_tokens, eos)
+            continue
         # 1) draft: k <= gamma tokens and the q they were drawn from
         t0 = clock.now()
         drafts, q = drafter.propose(seq, lengths, gamma, sampling, generator)  # (B, k), (B, k, V) | None
@@ -278,6 +285,70 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     stats.new_tokens = sum(len(s) for s in sequences)
     stats.total_seconds = clock.now() - start
     return Generation(sequences, stats)
+
+
+def check_tree_request(input_ids, target_lm, drafter: Drafter, sampling: SamplingParams) -> None:
+    """Token trees run at batch 1, without the repetition penalty (its per-node prefixes are not implemented)."""
+    if not drafter.proposes_trees:
+        return
+    if input_ids.shape[0] != 1:
+        raise NotImplementedError(f"token trees run one prompt at a time, got a batch of {input_ids.shape[0]}")
+    if sampling.repetition_penalty != 1.0:
+        raise NotImplementedError("token trees do not support repetition_penalty; use a chain draft or penalty 1.0")
+    if not hasattr(target_lm, "feed_tree"):
+        raise TypeError(f"{type(target_lm).__name__} cannot score a token tree (no feed_tree)")
+
+
+def _tree_round(target_lm, drafter: Drafter, seq, lengths, gamma, sampling, generator, stats, clock):
+    """One round with a token tree (batch 1): propose a tree of depth <= gamma, score every node in one forward,
+    walk down the accepted path, keep only its cache entries. Returns the new lengths."""
+    L = int(lengths[0])
+    # 1) draft: a tree whose root is the newest token seq[L-1]
+    t0 = clock.now()
+    tree = drafter.propose_tree(seq, lengths, gamma, sampling, generator)
+    t1 = clock.now()
+
+    # 2) target: the tokens the cache has not seen (the root last), then the nodes, under the tree mask
+    cached = int(target_lm.cache_lengths()[0])
+    prefix = L - cached
+    tokens = torch.cat([seq[:, cached:L], tree.tokens[1:].to(seq.device)[None]], dim=1)
+    dtype = getattr(getattr(target_lm, "model", None), "dtype", torch.float32)
+    mask = attention_mask(tree, cached, prefix, dtype, seq.device)
+    position_ids = positions(tree, cached, prefix, seq.device)
+    if drafter.uses_target_features:
+        logits, hidden = target_lm.feed_tree(tokens, mask, position_ids, return_hidden=True)
+    else:
+        logits = target_lm.feed_tree(tokens, mask, position_ids)
+    node_logits = logits[0, prefix - 1:]  # (n, V): the root and every node
+
+    # 3) verify: the accepted path (node indices) and the corrected or bonus token
+    if sampling.greedy:
+        path, next_token = verify_tree_greedy(tree, node_logits.argmax(-1))
+    else:
+        path, next_token = verify_tree(tree, probs_from_logits(node_logits, sampling), generator)
+
+    # 4) emit the path's tokens, then next_token
+    emitted = torch.tensor([int(tree.tokens[i]) for i in path] + [next_token], device=seq.device)
+    seq[0, L: L + len(emitted)] = emitted
+    lengths = lengths + len(emitted)
+
+    # 5) keep only the root's and the path's cache entries; the drafter sees the same
+    target_lm.compact(compact_indices(path, L - 1))
+    if drafter.uses_target_features:
+        rows = torch.tensor(list(range(prefix)) + [prefix - 1 + i for i in path], device=hidden.device)
+        drafter.observe(hidden[:, rows], cached)
+    drafter.rollback(lengths - 1)
+    t2 = clock.now()
+
+    stats.rounds += 1
+    stats.drafted += tree.size - 1
+    stats.accepted += len(path)
+    stats.accepted_lengths.append(len(path) + 1)
+    stats.proposed_lengths.append(tree.size - 1)
+    stats.tree_depths.append(int(tree.depths().max()))
+    stats.draft_seconds += t1 - t0
+    stats.target_seconds += t2 - t1
+    return lengths
 
 
 def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,

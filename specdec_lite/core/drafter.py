@@ -26,6 +26,7 @@ class Drafter:
 
     vocab_size: int | None = None
     uses_target_features = False
+    proposes_trees = False  # True: the loop calls propose_tree(seq, lengths, gamma, sampling, generator) -> Tree
 
     def begin(self, input_ids: torch.Tensor) -> None:
         pass
@@ -38,6 +39,12 @@ class Drafter:
 
     def rollback(self, kept: torch.Tensor) -> None:
         pass
+
+
+def confidence_of(logits: torch.Tensor) -> float:
+    """The draft's probability of its most likely next token under its untempered softmax (the least over the
+    rows of a batch): a draft-side number, known before the target runs."""
+    return float(torch.softmax(logits.float(), dim=-1).max(-1).values.min())
 
 
 def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generator):
@@ -55,9 +62,11 @@ def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generato
 class ModelDraft(Drafter):
     """An independent draft model with its own KV cache: samples gamma tokens autoregressively from q."""
 
-    def __init__(self, model):
+    def __init__(self, model, adaptive=None):
         self.lm = as_language_model(model, role="draft")
         self.vocab_size = self.lm.vocab_size
+        self.adaptive = adaptive  # an AdaptiveLength (drafts/trees.py): stop when the draft is unsure
+        self._proposed, self._start = 0, None
 
     def begin(self, input_ids: torch.Tensor) -> None:
         self.lm.reset(input_ids.shape[0])
@@ -68,14 +77,22 @@ class ModelDraft(Drafter):
         logits = feed_unseen(self.lm, seq, lengths, num_logits=1)[:, -1]  # (B, V)
         tokens, qs = [], []
         for i in range(gamma):
+            if self.adaptive is not None and not self.adaptive.keep_going(confidence_of(logits)):
+                break  # the draft's own probability of its next token is too low: stop here
             x_i, q_i = draw(logits, seq, lengths, tokens, sampling, generator)
             tokens.append(x_i)
             qs.append(q_i)
             if i < gamma - 1:
                 logits = self.lm.feed(x_i[:, None])[:, -1]
+        self._proposed, self._start = len(tokens), lengths.clone()
+        if not tokens:
+            return seq.new_zeros(seq.shape[0], 0), None
         return torch.stack(tokens, 1), torch.stack(qs, 1)
 
     def rollback(self, kept: torch.Tensor) -> None:
+        if self.adaptive is not None and self._start is not None:
+            accepted = int((kept.to(self._start.device) - self._start).min())
+            self.adaptive.update(self._proposed, accepted)
         have = self.lm.cache_lengths()
         self.lm.crop(torch.minimum(have, kept.to(have.device)))
 

@@ -179,6 +179,30 @@ class HFCausalLM:
         # the last entry of hidden_states is after the final norm: the output layer's input
         return (logits, out.hidden_states[-1].to(self.device, copy=compiled)) if return_hidden else logits
 
+    @torch.inference_mode()
+    def feed_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                  return_hidden: bool = False):
+        """Feed tokens (1, F) with a 4-D additive attention ``mask`` and explicit ``position_ids`` (a token tree,
+        ``tree.py``); logits (1, F, V) of every fed token (and their last hidden states with ``return_hidden``)."""
+        if self.static is not None:
+            raise NotImplementedError("token trees run with the dynamic cache; call use_dynamic_cache(model) or "
+                                      "load the model with cache='dynamic'")
+        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                         output_hidden_states=return_hidden, **{self._cache_kwarg: self.cache})
+        self.length += tokens.shape[1]
+        logits = out.logits[..., : self.vocab_size].to(self.device)
+        return (logits, out.hidden_states[-1].to(self.device)) if return_hidden else logits
+
+    @torch.inference_mode()
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only the cache slots ``keep`` (sorted, 1-D) from ``keep[0]`` on: they move to keep[0], keep[0]+1, ...
+        and everything after them is dropped (after a tree forward: the root and the accepted path)."""
+        start, m = int(keep[0]), len(keep)
+        for layer in self.cache.layers:
+            layer.keys[:, :, start: start + m] = layer.keys[:, :, keep.to(layer.keys.device)]
+            layer.values[:, :, start: start + m] = layer.values[:, :, keep.to(layer.values.device)]
+        self.crop(torch.full((self.batch_size,), start + m, dtype=torch.long))
+
     def crop(self, lengths: torch.Tensor) -> None:
         target = int(lengths.max())
         if target == self.length and int(lengths.min()) == target:

@@ -272,13 +272,8 @@ class EagleDraft(FeatureDraft):
     def propose(self, seq, lengths, gamma, sampling, generator):
         if self.features is None:  # the target has not run yet: this round is the prefill
             return seq.new_zeros(seq.shape[0], 0), None
-        L, h = int(lengths.max()), self.cache.length
-        if self.features.shape[1] != L - 1:
-            raise RuntimeError(f"expected target features for {L - 1} positions, have {self.features.shape[1]}")
-        # catch up with real features: (f_i, token i+1) for i = h..L-2
-        positions = torch.arange(h, L - 1, device=seq.device)
-        predicted = self.head(self.features[:, h:], self.embed(seq[:, h + 1: L]), positions, self.cache)[:, -1:]
-        self.real_length = L - 1
+        L = int(lengths.max())
+        predicted = self.catch_up(seq, lengths)
         tokens, qs = [], []
         for i in range(gamma):
             x_i, q_i = draw(self.output.logits(predicted[:, -1]), seq, lengths, tokens, sampling, generator)
@@ -288,6 +283,17 @@ class EagleDraft(FeatureDraft):
                 pos = torch.tensor([L - 1 + i], device=seq.device)
                 predicted = self.head(predicted, self.embed(x_i[:, None]), pos, self.cache)
         return torch.stack(tokens, 1), torch.stack(qs, 1)
+
+    def catch_up(self, seq, lengths) -> torch.Tensor:
+        """Feed the head the real features it has not seen, (f_i, token i+1) for i = h..L-2; returns the predicted
+        feature f'_{L-1} (B, 1, H), from which the first draft token comes."""
+        L, h = int(lengths.max()), self.cache.length
+        if self.features.shape[1] != L - 1:
+            raise RuntimeError(f"expected target features for {L - 1} positions, have {self.features.shape[1]}")
+        positions = torch.arange(h, L - 1, device=seq.device)
+        predicted = self.head(self.features[:, h:], self.embed(seq[:, h + 1: L]), positions, self.cache)[:, -1:]
+        self.real_length = L - 1
+        return predicted
 
     def _reference_logits(self, feats, seq, proposals):
         features, tokens, logits = feats, seq[:, 1:], []

@@ -15,8 +15,9 @@ from collections import defaultdict
 
 import torch
 
-from ..core.drafter import Drafter
+from ..core.drafter import Drafter, ModelDraft, confidence_of
 from ..core.lm import as_language_model
+from ..core.tree import tree_outcome_distribution
 from ..core.verify import outcome_distribution
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 
@@ -46,10 +47,69 @@ def exact_target_distribution(target, prompt, n: int, sampling: SamplingParams =
     return {tuple(s.tolist()): float(pr) for s, pr in zip(seqs, probs) if pr > 0}
 
 
+def _node_probs(target_lm, context: torch.Tensor, tree, sampling: SamplingParams) -> torch.Tensor:
+    """(n, V): the target's distribution at every node of ``tree`` grown after ``context`` (node 0 = its last
+    token), each computed from scratch on the context plus the node's path."""
+    rows = []
+    for node in range(tree.size):
+        path = torch.tensor([int(tree.tokens[i]) for i in tree.path_to(node)], dtype=torch.long)
+        rows.append(_probs_after(target_lm, torch.cat([context, path])[None], 1, sampling)[0, 0])
+    return torch.stack(rows)
+
+
+def _tree_round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+    """Every (emitted tokens, probability) of one token-tree round: over the trees the drafter can propose
+    (``tree_law`` for sampled trees; the one tree of a deterministic drafter) and the verifier's outcomes."""
+    if hasattr(draft, "tree_law"):
+        trees = draft.tree_law(context, gamma, sampling)
+    else:
+        trees = [(draft.propose_tree(context[None], torch.tensor([len(context)]), gamma, sampling, None), 1.0)]
+    out = defaultdict(float)
+    for tree, weight in trees:
+        for tokens, pr in tree_outcome_distribution(tree, _node_probs(target_lm, context, tree, sampling)).items():
+            out[tokens] += weight * pr
+    return out
+
+
+def _adaptive_proposals(draft: ModelDraft, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+    """Every proposal (tokens, q rows, probability) of a model draft with an adaptive length, at its current
+    threshold: it stops before token i when its untempered probability of its best token is below the threshold."""
+    found = []
+
+    def extend(tokens: list, qs: list, prob: float):
+        draft.lm.reset(1)
+        logits = draft.lm.feed(torch.cat([context, torch.tensor(tokens, dtype=torch.long)])[None])[0, -1]
+        if len(tokens) == gamma or not draft.adaptive.keep_going(confidence_of(logits[None])):
+            found.append((tokens, qs, prob))
+            return
+        q = probs_from_logits(logits.double(), sampling)
+        for v in q.nonzero().flatten().tolist():
+            extend(tokens + [v], qs + [q], prob * float(q[v]))
+
+    extend([], [], 1.0)
+    return found
+
+
+def _adaptive_round_outcomes(target_lm, draft: ModelDraft, context, gamma: int, sampling: SamplingParams):
+    out = defaultdict(float)
+    for tokens, qs, weight in _adaptive_proposals(draft, context, gamma, sampling):
+        drafts = torch.tensor([tokens], dtype=torch.long).reshape(1, len(tokens))
+        q = torch.stack(qs)[None] if qs else None
+        p = _probs_after(target_lm, torch.cat([context[None], drafts], dim=1), len(tokens) + 1, sampling)
+        law = outcome_distribution(drafts, q, p)[0] * weight  # (k+1, V)
+        for n_acc, v in law.nonzero().tolist():
+            out[tuple(tokens[:n_acc]) + (v,)] += float(law[n_acc, v])
+    return out
+
+
 def _round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams,
                     first_round: bool = False):
     """Every (emitted tokens, probability) of one round from ``context`` (1-D)."""
     V = target_lm.vocab_size
+    if getattr(draft, "proposes_trees", False):
+        return _tree_round_outcomes(target_lm, draft, context, gamma, sampling)
+    if isinstance(draft, ModelDraft) and draft.adaptive is not None:
+        return _adaptive_round_outcomes(target_lm, draft, context, gamma, sampling)
     if getattr(draft, "uses_target_features", False):  # heads.py: q from a cache-free reference computation
         g = 0 if first_round else draft.proposal_length(gamma)
         if g == 0:  # the first round is the prefill: nothing is proposed

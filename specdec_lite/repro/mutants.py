@@ -81,3 +81,38 @@ class patched:
         for module, name, value in reversed(self.saved):
             setattr(module, name, value)
         return False
+
+
+# ------------------------------------------------------------------------------------------ token-tree mutants
+
+
+def residual_not_updated(r, p_node, q_c):
+    """Bug (replaces ``tree.sibling_residual``): after a rejected sibling, the next one competes for r again."""
+    return r
+
+
+def siblings_against_p(r, p_node, q_c):
+    """Bug: each sibling's residual is taken from the node's p, forgetting earlier rejected siblings, so a
+    repeated sibling gets the same chance twice."""
+    return _verify.residual_distribution(p_node.to(r.dtype), q_c)
+
+
+def bonus_at_parent(tree, p, node):
+    """Bug (replaces ``tree.node_distribution``): a leaf's bonus token is drawn from its parent's p."""
+    return p[int(tree.parents[node])] if node > 0 and not tree.children(node) else p[node]
+
+
+def compaction_keeps_first_slots(path, start):
+    """Bug (replaces ``tree.compact_indices``): keeps the first slots after the root instead of the accepted path,
+    so a rejected branch's keys and values can stay in the cache."""
+    return start + torch.arange(len(path) + 1)
+
+
+_TREE = "specdec_lite.core.tree"
+TREE_MUTANTS = {  # name: patches, for the loop and exact enumeration alike
+    "residual not updated between siblings": [(_TREE, "sibling_residual", residual_not_updated)],
+    "siblings tried against p (a repeated sibling counted twice)": [(_TREE, "sibling_residual", siblings_against_p)],
+    "bonus drawn at the parent instead of the accepted leaf": [(_TREE, "node_distribution", bonus_at_parent)],
+    "compaction keeps the first slots, not the accepted path": [("specdec_lite.core.decode", "compact_indices",
+                                                                 compaction_keeps_first_slots)],
+}

@@ -40,6 +40,13 @@ class MarkovLM:
         logits = self.log_transition[tokens]  # (B, n, V) float64
         return logits if num_logits is None else logits[:, -num_logits:]
 
+    def feed_tree(self, tokens: torch.Tensor, mask=None, position_ids=None) -> torch.Tensor:
+        """A first-order model needs no mask: a node's logits depend on its own token only."""
+        return self.feed(tokens)
+
+    def compact(self, keep: torch.Tensor) -> None:
+        self.lengths = torch.full_like(self.lengths, int(keep[0]) + len(keep))
+
     def crop(self, lengths: torch.Tensor) -> None:
         lengths = lengths.to(self.lengths.device)
         if (lengths > self.lengths).any():

@@ -1,0 +1,241 @@
+"""Token trees: several candidate continuations verified in one target forward (SpecInfer, Miao et al. 2024;
+Medusa, Cai et al. 2024; EAGLE-2, Li et al. 2024).
+
+A ``Tree`` (batch 1) has node 0 = the root, the newest emitted token (in the sequence, not yet fed to the
+target), and draft nodes 1..n-1, each with a parent of smaller index. The target scores every node in one
+forward: node i attends to the context and to its own ancestors only (a 4-D additive attention mask), at
+position (root position + depth of i). Then the verifier walks down from the root:
+
+- at node v, with the target's distribution p_v, the children c_1..c_m of v are tried in order by recursive
+  rejection sampling (SpecInfer): child c with token x drawn from q_c is accepted with probability
+  min(1, r(x) / q_c(x)), r starting at p_v; after a rejection r <- norm((r - q_c)+). A child whose token was
+  chosen, not drawn (top-k of a head, a lookup match), has q_c = one-hot(x): it is accepted with probability
+  r(x) and rejecting it removes x from r, so trying such children in turn is sampling y ~ p_v and descending
+  when y is a child.
+- when a child is accepted, descend into it; when all are rejected (or v is a leaf) emit one token from r.
+
+Why exact: at each child, P(emit y here) = min(r(y), q_c(y)) and P(reject) leaves (r - q_c)+, whose sum with
+min(r, q_c) is r; by induction over the children the token leaving node v has law p_v, whatever the candidates
+were, as long as each candidate was drawn (or chosen) before verification, independently of the target's draws.
+Greedy verification descends while the target's argmax is a child.
+
+After verification only the accepted path's cache entries are kept (``compact_indices``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .verify import residual_distribution
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor  # (n,) long: node tokens; tokens[0] is the root (the newest emitted token)
+    parents: torch.Tensor  # (n,) long: parent node of each node; parents[0] = -1; parents[i] < i
+    q: torch.Tensor | None = None  # (n, V): the distribution node i was drawn from (at its parent); None: all chosen
+    drawn: torch.Tensor | None = None  # (n,) bool: True where node i was drawn from q[i], False where chosen
+
+    def __post_init__(self):
+        n = len(self.tokens)
+        if self.parents.shape != (n,) or int(self.parents[0]) != -1:
+            raise ValueError("parents must be (n,) with parents[0] = -1 (node 0 is the root)")
+        if n > 1 and bool((self.parents[1:] >= torch.arange(1, n)).any()):
+            raise ValueError("every node's parent must come before it (parents[i] < i)")
+        if self.drawn is None:
+            self.drawn = torch.zeros(n, dtype=torch.bool)
+        if bool(self.drawn.any()) and self.q is None:
+            raise ValueError("nodes marked drawn need the distributions q they were drawn from")
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def children(self, node: int) -> list[int]:
+        return (self.parents == node).nonzero().flatten().tolist()
+
+    def depths(self) -> torch.Tensor:
+        """(n,) depth of each node; the root has depth 0."""
+        depth = torch.zeros(self.size, dtype=torch.long)
+        for i in range(1, self.size):
+            depth[i] = depth[self.parents[i]] + 1
+        return depth
+
+    def ancestors(self) -> torch.Tensor:
+        """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors (what node i attends to)."""
+        mask = torch.eye(self.size, dtype=torch.bool)
+        for i in range(1, self.size):
+            mask[i] |= mask[self.parents[i]]
+        return mask
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's first child down to ``node`` (empty for the root)."""
+        path = []
+        while node > 0:
+            path.append(node)
+            node = int(self.parents[node])
+        return path[::-1]
+
+    def child_distribution(self, child: int, V: int, dtype=torch.float64) -> torch.Tensor:
+        """q_c: the distribution child c was drawn from, or the one-hot of its token when it was chosen."""
+        if bool(self.drawn[child]):
+            return self.q[child].to(dtype)
+        row = torch.zeros(V, dtype=dtype, device=self.tokens.device)
+        row[self.tokens[child]] = 1.0
+        return row
+
+
+def chain_tree(root: int, tokens, q: torch.Tensor | None = None) -> Tree:
+    """A chain as a tree: root -> tokens[0] -> tokens[1] ...; ``q`` (k, V) when the tokens were drawn."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
+    k = len(tokens)
+    q_full = None if q is None else torch.cat([q.new_zeros(1, q.shape[-1]), q], 0)
+    drawn = torch.tensor([False] + [q is not None] * k)
+    return Tree(torch.cat([torch.tensor([root]), tokens]), torch.arange(-1, k), q_full, drawn)
+
+
+class TreeBuilder:
+    """Builds a ``Tree`` node by node; a token already among a parent's children is not added twice (the
+    existing node is returned), so branches from several drafters merge into one trie."""
+
+    def __init__(self, root: int):
+        self.tokens, self.parents, self.q, self.drawn = [int(root)], [-1], [None], [False]
+        self._index = {}  # (parent, token) -> node, for chosen (not drawn) nodes
+
+    def add(self, parent: int, token: int, q: torch.Tensor | None = None) -> int:
+        """Add a child of ``parent``: chosen (q None; deduplicated) or drawn from ``q`` (kept even if repeated)."""
+        key = (parent, int(token))
+        if q is None and key in self._index:
+            return self._index[key]
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.q.append(q)
+        self.drawn.append(q is not None)
+        node = len(self.tokens) - 1
+        if q is None:
+            self._index[key] = node
+        return node
+
+    def add_chain(self, parent: int, tokens) -> list[int]:
+        nodes = []
+        for token in tokens:
+            parent = self.add(parent, int(token))
+            nodes.append(parent)
+        return nodes
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def build(self) -> Tree:
+        q = None
+        if any(self.drawn):
+            V = next(row for row in self.q if row is not None).shape[-1]
+            q = torch.stack([row.double() if row is not None else torch.zeros(V, dtype=torch.float64) for row in self.q])
+        return Tree(torch.tensor(self.tokens), torch.tensor(self.parents), q, torch.tensor(self.drawn))
+
+
+def acceptance(r: torch.Tensor, q_c: torch.Tensor, x: int) -> torch.Tensor:
+    """min(1, r(x) / q_c(x)) for a child with token x drawn (or chosen) from q_c."""
+    return (r[x] / q_c[x]).clamp(max=1.0) if q_c[x] > 0 else torch.ones((), dtype=r.dtype)
+
+
+def node_distribution(tree: Tree, p: torch.Tensor, node: int) -> torch.Tensor:
+    """The target's distribution at ``node``: what its children compete for, and the bonus at a leaf."""
+    return p[node]
+
+
+def sibling_residual(r: torch.Tensor, p_node: torch.Tensor, q_c: torch.Tensor) -> torch.Tensor:
+    """After a child drawn from q_c is rejected, the next sibling competes for norm((r - q_c)+)."""
+    return residual_distribution(r, q_c)
+
+
+def verify_tree(tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """Sampling verification of a tree. p: (n, V) the target's distributions at every node.
+    Returns (accepted node indices, root to leaf, excluding the root; the next token)."""
+    p = p.double() if p.dtype == torch.float64 else p.float()
+    V = p.shape[-1]
+    path, node = [], 0
+    while True:
+        r = p_node = node_distribution(tree, p, node)
+        for child in tree.children(node):
+            q_c = tree.child_distribution(child, V, r.dtype)
+            u = torch.rand((), generator=generator, device=r.device, dtype=r.dtype)
+            if u < acceptance(r, q_c, int(tree.tokens[child])):
+                path.append(child)
+                node = child
+                break
+            r = sibling_residual(r, p_node, q_c)  # rejected: the next sibling competes for what is left
+        else:  # every child rejected, or a leaf: emit from what is left (the bonus token at a leaf)
+            return path, int(torch.multinomial(r, 1, generator=generator))
+
+
+def verify_tree_greedy(tree: Tree, target_argmax: torch.Tensor) -> tuple[list[int], int]:
+    """Greedy verification: the longest path whose every token is the target's argmax at its parent.
+    target_argmax: (n,) the target's choice at every node."""
+    path, node = [], 0
+    while True:
+        want = int(target_argmax[node])
+        hit = [c for c in tree.children(node) if int(tree.tokens[c]) == want]
+        if not hit:
+            return path, want
+        node = hit[0]
+        path.append(node)
+
+
+def tree_outcome_distribution(tree: Tree, p: torch.Tensor) -> dict:
+    """The exact law of ``verify_tree``'s output: {(accepted tokens..., next token): probability}, built from
+    the same acceptance and residual rules (for the exact-enumeration tests)."""
+    p = p.double()
+    V = p.shape[-1]
+    out: dict = {}
+
+    def walk(node: int, prefix: tuple, prob: float):
+        r = p_node = node_distribution(tree, p, node)
+        for child in tree.children(node):
+            q_c = tree.child_distribution(child, V)
+            a = float(acceptance(r, q_c, int(tree.tokens[child])))
+            if a > 0:
+                walk(child, prefix + (int(tree.tokens[child]),), prob * a)
+            prob *= 1 - a
+            if prob == 0:
+                return
+            r = sibling_residual(r, p_node, q_c)
+        for y in r.nonzero().flatten().tolist():
+            key = prefix + (y,)
+            out[key] = out.get(key, 0.0) + prob * float(r[y])
+
+    walk(0, (), 1.0)
+    return out
+
+
+def attention_mask(tree: Tree, cached: int, prefix: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The 4-D additive mask (1, 1, prefix + n - 1, cached + prefix + n - 1) of one tree forward.
+
+    The forward feeds ``prefix`` tokens the cache has not seen (their last one is the root; in the first round
+    the whole prompt) and then the draft nodes 1..n-1, after ``cached`` tokens already in the cache. A prefix token
+    sees the cache and the prefix causally; a node sees the cache, the whole prefix and its own ancestors."""
+    n = tree.size
+    fed = prefix + n - 1
+    allowed = torch.zeros(fed, cached + fed, dtype=torch.bool)
+    allowed[:, :cached] = True
+    allowed[:prefix, cached: cached + prefix] = torch.ones(prefix, prefix, dtype=torch.bool).tril()
+    allowed[prefix:, cached: cached + prefix] = True
+    allowed[prefix:, cached + prefix:] = tree.ancestors()[1:, 1:]
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
+def positions(tree: Tree, cached: int, prefix: int, device) -> torch.Tensor:
+    """(1, prefix + n - 1) position ids: the prefix in order, then each node at root position + depth."""
+    root_position = cached + prefix - 1
+    prefix_positions = torch.arange(cached, cached + prefix)
+    return torch.cat([prefix_positions, root_position + tree.depths()[1:]])[None].to(device)
+
+
+def compact_indices(path: list[int], start: int) -> torch.Tensor:
+    """Cache slots to keep after a tree forward whose root sits at slot ``start``: the root, then the accepted
+    nodes (node i of the tree sits at slot start + i)."""
+    return start + torch.tensor([0] + list(path), dtype=torch.long)

@@ -1,0 +1,269 @@
+"""Drafting beyond a fixed-length chain: adaptive draft length, token trees, hybrid lookup + head drafts.
+
+- ``AdaptiveLength``: a drafter stops proposing when its own confidence in its next token (its probability under
+  the draft's untempered softmax) falls below a threshold; the threshold moves after every round from what the
+  verifier accepted (a rejection raises it, a fully accepted proposal lowers it), and it may stop before the first
+  token (the round is then a plain decoding step). It reads draft-side numbers and past rounds only, so the
+  stopping rule is decided before the target runs and verification stays exact (a stopping time of the draft).
+- ``EagleTreeDraft``: the EAGLE head's chain (adaptive length) plus, at each depth, the head's next most likely
+  tokens as sibling leaves: a wider net for the same number of head steps.
+- ``LookupTreeDraft``: prompt lookup with several earlier matches, each continuation a branch; adaptive in the
+  match length it requires (the point-mass rule: a longer match, a more reliable continuation).
+- ``HybridTreeDraft``: both in one tree (lookup branches and the head's chain), merged where they agree.
+- ``SampledTreeDraft``: SpecInfer's sampled trees from a small draft model (siblings drawn i.i.d. from q), recomputed
+  from scratch every round: for toy models and exactness checks, not for speed.
+
+Every node of the first three is chosen, not drawn (q one-hot), so they are exact at any temperature: the
+verifier samples y from the target at a node and descends when y is a child (``core/tree.py``).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from ..core.drafter import Drafter
+from ..core.lm import as_language_model
+from ..core.sampling import SamplingParams, probs_from_logits
+from ..core.tree import Tree, TreeBuilder
+from .heads import EagleDraft
+
+
+@dataclass
+class AdaptiveLength:
+    """Stop drafting when the draft's probability of its next token is below ``threshold``; move the threshold
+    by ``step`` after each round: up after a rejection, down after a fully accepted (or empty) proposal."""
+
+    threshold: float = 0.3  # starting threshold on the draft's own probability of its token
+    step: float = 0.05  # change per round
+    low: float = 0.0  # bounds of the threshold
+    high: float = 0.9
+
+    def __post_init__(self):
+        if not 0.0 <= self.low <= self.threshold <= self.high <= 1.0 or self.step < 0:
+            raise ValueError(f"need 0 <= low <= threshold <= high <= 1 and step >= 0, got {self}")
+
+    def keep_going(self, confidence: float) -> bool:
+        return confidence >= self.threshold
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """After a round: ``proposed`` tokens on the drafter's own chain, ``accepted`` of them kept."""
+        if proposed == 0 or accepted >= proposed:
+            self.threshold = max(self.low, self.threshold - self.step)
+        else:
+            self.threshold = min(self.high, self.threshold + self.step)
+
+
+def confidence(logits: torch.Tensor) -> tuple[int, float]:
+    """The draft's most likely token and its probability under the untempered softmax (logits (V,))."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    value, index = probs.max(-1)
+    return int(index), float(value)
+
+
+class EagleTreeDraft(Drafter):
+    """The EAGLE head's chain, adaptive in length, with the next ``width - 1`` most likely tokens of each step as
+    sibling leaves. Reuses an ``EagleDraft`` (its caches and feature bookkeeping)."""
+
+    uses_target_features = True
+    proposes_trees = True
+
+    def __init__(self, eagle: EagleDraft, width: int = 2, adaptive: AdaptiveLength | None = None):
+        if not isinstance(eagle, EagleDraft):
+            raise TypeError(f"EagleTreeDraft wraps an EagleDraft (load_draft('smollm2-135m-eagle', target)), "
+                            f"got {type(eagle).__name__}")
+        if width < 1:
+            raise ValueError(f"width (candidates per depth) must be >= 1, got {width}")
+        self.eagle, self.width, self.adaptive = eagle, width, adaptive
+        self.vocab_size = eagle.vocab_size
+        self._proposed, self._start = 0, 0
+
+    def begin(self, input_ids):
+        self.eagle.begin(input_ids)
+
+    def observe(self, hidden, first_position: int) -> None:
+        self.eagle.observe(hidden, first_position)
+
+    def grow(self, builder: TreeBuilder, seq, lengths, gamma: int) -> int:
+        """Add the head's chain and its siblings under the root; returns the chain's length."""
+        if self.eagle.features is None:  # the target has not run yet: nothing to read
+            return 0
+        predicted = self.eagle.catch_up(seq, lengths)
+        L, parent, chain = int(lengths.max()), 0, 0
+        for depth in range(gamma):
+            logits = self.eagle.output.logits(predicted[0, -1])  # (V,)
+            token, conf = confidence(logits)
+            if self.adaptive is not None and not self.adaptive.keep_going(conf):
+                break
+            node = builder.add(parent, token)
+            if self.width > 1:
+                for alt in logits.topk(self.width).indices[1:].tolist():
+                    builder.add(parent, alt)
+            parent, chain = node, chain + 1
+            if depth < gamma - 1:
+                pos = torch.tensor([L - 1 + depth], device=seq.device)
+                predicted = self.eagle.head(predicted[:, -1:], self.eagle.embed(torch.tensor([[token]], device=seq.device)),
+                                            pos, self.eagle.cache)
+        return chain
+
+    @torch.inference_mode()
+    def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
+        builder = TreeBuilder(int(seq[0, int(lengths[0]) - 1]))
+        self._proposed, self._start = self.grow(builder, seq, lengths, gamma), int(lengths[0])
+        return builder.build()
+
+    def rollback(self, kept: torch.Tensor) -> None:
+        if self.adaptive is not None:
+            self.adaptive.update(self._proposed, int(kept[0]) - self._start)
+        self.eagle.rollback(kept)
+
+
+class LookupTreeDraft(Drafter):
+    """Prompt lookup with up to ``branches`` distinct continuations of the latest earlier matches of the context's
+    last n tokens (n from ``max_ngram`` down to ``min_match``), each up to gamma tokens, merged into a trie.
+    ``adaptive``: ``min_match`` moves between ``min_ngram`` and ``max_ngram`` (up after a rejected branch, down
+    after a fully accepted one)."""
+
+    proposes_trees = True
+
+    def __init__(self, branches: int = 2, max_ngram: int = 3, min_ngram: int = 1, adaptive: bool = False):
+        if not 1 <= min_ngram <= max_ngram or branches < 1:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram and branches >= 1, got {min_ngram}, {max_ngram}, {branches}")
+        self.branches, self.max_ngram, self.min_ngram, self.adaptive = branches, max_ngram, min_ngram, adaptive
+        self.min_match = min_ngram
+        self._proposed, self._start = 0, 0
+
+    def continuations(self, seq, lengths, gamma: int) -> list[list[int]]:
+        """Distinct continuations (by first token), latest match first, longest n-gram first."""
+        L = int(lengths[0])
+        row = seq[0, :L]
+        found, firsts = [], set()
+        for n in range(self.max_ngram, self.min_match - 1, -1):
+            if L <= n:
+                continue
+            key = row[L - n:]
+            windows = row.unfold(0, n, 1)[: L - n]  # windows starting at 0..L-n-1: something follows each
+            starts = (windows == key).all(-1).nonzero().flatten().tolist()
+            for s in reversed(starts):
+                cont = row[s + n: s + n + gamma].tolist()
+                if cont and cont[0] not in firsts:
+                    firsts.add(cont[0])
+                    found.append(cont)
+                if len(found) == self.branches:
+                    return found
+        return found
+
+    def grow(self, builder: TreeBuilder, seq, lengths, gamma: int) -> int:
+        branches = self.continuations(seq, lengths, gamma)
+        for cont in branches:
+            builder.add_chain(0, cont)
+        return len(branches[0]) if branches else 0
+
+    def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
+        builder = TreeBuilder(int(seq[0, int(lengths[0]) - 1]))
+        self._proposed, self._start = self.grow(builder, seq, lengths, gamma), int(lengths[0])
+        return builder.build()
+
+    def update(self, accepted: int) -> None:
+        if not self.adaptive or self._proposed == 0:
+            return
+        step = -1 if accepted >= self._proposed else 1
+        self.min_match = min(self.max_ngram, max(self.min_ngram, self.min_match + step))
+
+    def rollback(self, kept: torch.Tensor) -> None:
+        self.update(int(kept[0]) - self._start)
+
+
+class HybridTreeDraft(Drafter):
+    """Lookup branches and the EAGLE head's chain with siblings in one tree (merged where they agree)."""
+
+    uses_target_features = True
+    proposes_trees = True
+
+    def __init__(self, lookup: LookupTreeDraft, head: EagleTreeDraft):
+        self.lookup, self.head = lookup, head
+        self.vocab_size = head.vocab_size
+
+    def begin(self, input_ids):
+        self.head.begin(input_ids)
+        self.lookup.begin(input_ids)
+
+    def observe(self, hidden, first_position: int) -> None:
+        self.head.observe(hidden, first_position)
+
+    @torch.inference_mode()
+    def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
+        builder = TreeBuilder(int(seq[0, int(lengths[0]) - 1]))
+        start = int(lengths[0])
+        self.lookup._proposed, self.lookup._start = self.lookup.grow(builder, seq, lengths, gamma), start
+        self.head._proposed, self.head._start = self.head.grow(builder, seq, lengths, gamma), start
+        return builder.build()
+
+    def rollback(self, kept: torch.Tensor) -> None:
+        self.lookup.rollback(kept)
+        self.head.rollback(kept)
+
+
+class SampledTreeDraft(Drafter):
+    """SpecInfer-style sampled tree from a draft model: at every node of depth < ``depth``, ``width`` children
+    drawn i.i.d. (with replacement) from q at that node. q is recomputed from scratch for every node (no cache):
+    meant for toy models and the exactness tests."""
+
+    proposes_trees = True
+
+    def __init__(self, draft, width: int = 2, depth: int = 2):
+        self.lm = as_language_model(draft, role="draft")
+        self.vocab_size = self.lm.vocab_size
+        self.width, self.depth = width, depth
+
+    def q_after(self, context: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+        """The draft's q (V,) after the 1-D ``context``."""
+        self.lm.reset(1)
+        return probs_from_logits(self.lm.feed(context[None])[0, -1].double(), sampling)
+
+    def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
+        L = int(lengths[0])
+        builder = TreeBuilder(int(seq[0, L - 1]))
+        frontier = [(0, seq[0, :L])]
+        for _ in range(min(gamma, self.depth)):
+            nxt = []
+            for node, context in frontier:
+                q = self.q_after(context, sampling)
+                for token in torch.multinomial(q, self.width, replacement=True, generator=generator).tolist():
+                    child = builder.add(node, token, q)
+                    nxt.append((child, torch.cat([context, torch.tensor([token])])))
+            frontier = nxt
+        return builder.build()
+
+    def tree_law(self, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+        """Every tree ``propose_tree`` can return after ``context`` (1-D), with its probability (for exact
+        enumeration)."""
+        levels = min(gamma, self.depth)
+        results = [(TreeBuilder(int(context[-1])), [(0, context)], 1.0)]
+        for _ in range(levels):
+            grown = []
+            for builder, frontier, prob in results:
+                options = []
+                for node, ctx in frontier:
+                    q = self.q_after(ctx, sampling)
+                    draws = [d for d in itertools.product(range(self.vocab_size), repeat=self.width)
+                             if all(q[t] > 0 for t in d)]
+                    options.append([(node, ctx, q, d, float(torch.prod(q[list(d)]))) for d in draws])
+                for combo in itertools.product(*options):
+                    b = _copy_builder(builder)
+                    new_frontier, pr = [], prob
+                    for node, ctx, q, d, pd in combo:
+                        pr *= pd
+                        for token in d:
+                            new_frontier.append((b.add(node, token, q), torch.cat([ctx, torch.tensor([token])])))
+                    grown.append((b, new_frontier, pr))
+            results = grown
+        return [(b.build(), pr) for b, _, pr in results]
+
+
+def _copy_builder(builder: TreeBuilder) -> TreeBuilder:
+    out = TreeBuilder(builder.tokens[0])
+    out.tokens, out.parents, out.q, out.drawn = list(builder.tokens), list(builder.parents), list(builder.q), list(builder.drawn)
+    out._index = dict(builder._index)
+    return out
