@@ -6,7 +6,7 @@ import torch
 import specdec_lite as sd
 from specdec_lite.core import tree as tree_module
 from specdec_lite.core.drafter import ModelDraft
-from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution, verify_tree
+from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
 from specdec_lite.drafts.trees import AdaptiveLength, LookupTreeDraft, SampledTreeDraft
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import TREE_MUTANTS, patched
@@ -28,7 +28,7 @@ def toy(vocab=4, seed=3):
 @pytest.mark.parametrize("kind", ["lookup tree", "sampled tree", "adaptive chain"])
 def test_exact_law_of_first_three_tokens(kind, sampling):
     """Every branch enumerated: the law of the first 3 emitted tokens equals the target's to 1e-9."""
-    target, draft = toy()
+    target, draft = toy(vocab=3) if kind == "sampled tree" else toy()  # sampled trees: every draw enumerated
     drafters = {"lookup tree": lambda: LookupTreeDraft(branches=2, max_ngram=2),
                 "sampled tree": lambda: SampledTreeDraft(draft, width=2, depth=2),
                 "adaptive chain": lambda: ModelDraft(draft, adaptive=AdaptiveLength(threshold=0.45, step=0.0))}
@@ -93,7 +93,7 @@ MUTATED_TREE = dict(gamma=2, n=3, sampling=sd.SamplingParams(temperature=1.0))
 @pytest.mark.parametrize("name", [name for name in TREE_MUTANTS if "compaction" not in name])
 def test_exact_enumeration_rejects_broken_tree_verifiers(name):
     """Each broken tree verifier changes the law of the first 3 tokens by far more than the 1e-9 tolerance."""
-    target, draft = toy()
+    target, draft = toy(vocab=3)
     want = exact_target_distribution(target, PROMPT, 3, MUTATED_TREE["sampling"])
     with patched(TREE_MUTANTS[name]):
         got = exact_speculative_distribution(target, SampledTreeDraft(draft, width=2, depth=2), PROMPT, **MUTATED_TREE)
@@ -110,11 +110,11 @@ def _first_two(target, drafter, runs, seed0=0):
 
 def test_chi_square_through_the_real_loop_and_its_power():
     """n = 2,000 runs of the real loop with a sampled tree (SpecInfer siblings); the law of the first two tokens
-    (16 cells) is tested at level 1e-3. The same test has power > 0.99 against the law of the 'residual not
+    (9 cells) is tested at level 1e-3. The same test has power > 0.99 against the law of the 'residual not
     updated between siblings' mutant (its exact law by enumeration), and rejects that mutant run through the loop.
     (The 'siblings tried against p' mutant moves this law less: power 0.23 at n = 2,000, 0.995 at 8,000; exact
     enumeration catches it.)"""
-    target, draft = toy()
+    target, draft = toy(vocab=3)
     sampling = sd.SamplingParams(temperature=1.0)
     want = exact_target_distribution(target, PROMPT, 2, sampling)
     n = 2000

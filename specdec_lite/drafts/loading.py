@@ -12,6 +12,7 @@ from ..paths import drafts_dir, is_head_dir
 from .heads import MedusaDraft, check_head_target, load_head, read_head_config
 from .layer_skip import LayerSkipDraft
 from .ngram import NGramDraft
+from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
 
 
 def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
@@ -24,6 +25,8 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
         return NGramDraft()
     if name_or_path == "layer-skip":
         return LayerSkipDraft(target)
+    if name_or_path in TREE_DRAFTS:
+        return tree_draft(name_or_path, target)
     path = resolve_name(name_or_path)
     if is_head_dir(path):
         return load_head(path, target)
@@ -35,9 +38,34 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
     return draft_model
 
 
+# Draft kinds built from a target's heads and its own text (drafts/trees.py), by name. "auto" is the package's
+# recommended drafting: measured best on the embedded target (README, "Measured"); for another target, the same
+# recipe with the EAGLE head trained for it if there is one, else lookup trees.
+TREE_DRAFTS = ("auto", "hybrid-tree", "eagle-tree", "eagle-adaptive", "lookup-tree")
+AUTO_SETTINGS = dict(lookup_branches=2, head_width=2, adaptive_threshold=0.3)  # the measured recommendation
+
+
+def tree_draft(name: str, target):
+    """A tree or adaptive drafter by name (``TREE_DRAFTS``). The head-based ones need an EAGLE head trained for
+    ``target`` under the drafts folder (``heads_for``); "auto" falls back to lookup trees without one."""
+    eagle_names = [n for n in heads_for(target) if read_head_config(drafts_dir() / n).kind == "eagle"]
+    lookup = LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"], adaptive=False)
+    if name == "lookup-tree" or (name == "auto" and not eagle_names):
+        return lookup
+    if not eagle_names:
+        raise ValueError(f"draft {name!r} needs an EAGLE head trained for this target under {drafts_dir()}; "
+                         "train one (notebooks/00_train_heads.ipynb) or use 'lookup-tree'")
+    eagle = load_head(drafts_dir() / eagle_names[0], target)
+    adaptive = AdaptiveLength(threshold=AUTO_SETTINGS["adaptive_threshold"])
+    if name == "eagle-adaptive":
+        return EagleTreeDraft(eagle, width=1, adaptive=adaptive)
+    head = EagleTreeDraft(eagle, width=AUTO_SETTINGS["head_width"], adaptive=adaptive)
+    return head if name == "eagle-tree" else HybridTreeDraft(lookup, head)
+
+
 def check_draft_name(name_or_path: str) -> None:
     """Refuse, before anything is loaded, a draft name ``load_draft`` could not load (see ``check_model_name``)."""
-    if name_or_path in ("n-gram", "layer-skip") or is_head_dir(Path(name_or_path).expanduser()):
+    if name_or_path in ("n-gram", "layer-skip", *TREE_DRAFTS) or is_head_dir(Path(name_or_path).expanduser()):
         return
     check_model_name(name_or_path)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.decode import autoregressive_generate, speculative_generate
+from ..core.decode import Clock, Generation, GenerationStats, autoregressive_generate, speculative_generate
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
 from ..drafts.loading import load_draft
@@ -62,9 +62,42 @@ def alpha_estimate(accepted_lengths, proposed) -> float:
     return float(n.sum() / looked) if looked else float("nan")
 
 
+HF_PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
+
+
+def transformers_generate(target, x, *, max_new_tokens: int, sampling: SamplingParams, seed: int, eos,
+                          **assist) -> Generation:
+    """transformers' own ``generate`` (plain, or assisted with ``assistant_model=`` / ``prompt_lookup_num_tokens=``)
+    on the same model, timed like ours; returned as a ``Generation`` (tokens, seconds) so it sits in the same
+    table. Sampling settings are passed explicitly (top_k=0: transformers' default would be 50)."""
+    torch.manual_seed(seed)
+    options = dict(do_sample=False) if sampling.greedy else dict(
+        do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+    clock = Clock(target.device)
+    start = clock.now()
+    out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, eos_token_id=eos,
+                          pad_token_id=eos, repetition_penalty=sampling.repetition_penalty, **options, **assist)
+    seconds = clock.now() - start
+    tokens = out[0, x.shape[1]:].cpu()
+    stats = GenerationStats(new_tokens=len(tokens), total_seconds=seconds, rounds=len(tokens))
+    return Generation([tokens], stats)
+
+
+def transformers_methods(target, assistant=None) -> dict:
+    """Name -> keyword arguments of transformers' generate: plain, prompt lookup, and the draft model as
+    assistant (when given; transformers' own schedule for its draft length)."""
+    methods = {"transformers generate": {},
+               "transformers prompt lookup": {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}}
+    if assistant is not None:
+        methods["transformers assisted (trained draft)"] = {"assistant_model": assistant}
+    return methods
+
+
 def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_tokens=128,
-                sampling=SamplingParams(temperature=0), seed=0, progress=True) -> pd.DataFrame:
-    """One row per (prompt, method): the baseline ('autoregressive') and each named draft."""
+                sampling=SamplingParams(temperature=0), seed=0, progress=True, transformers: dict | None = None
+                ) -> pd.DataFrame:
+    """One row per (prompt, method): the baseline ('autoregressive'), each named draft, and (``transformers``:
+    ``transformers_methods(...)``) transformers' generate and assisted generation, all side by side."""
     from .progress import progress_bar
 
     rows = []
@@ -77,6 +110,9 @@ def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_to
             runs[name] = (lambda d: lambda: speculative_generate(
                 target, d, x, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                 eos_token_id=eos))(draft)
+        for name, assist in (transformers or {}).items():
+            runs[name] = (lambda a: lambda: transformers_generate(
+                target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos=eos, **a))(assist)
         order = list(runs) if i % 2 == 0 else list(reversed(runs))  # alternate to share drift fairly
         results = {name: runs[name]() for name in order}
         base = results["autoregressive"].stats
@@ -86,12 +122,19 @@ def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_to
             row = {"id": p["id"], "task": p["task"], "method": name, "temperature": sampling.temperature,
                    "gamma": gamma, "new_tokens": s.new_tokens, "seconds": s.total_seconds,
                    "tokens_per_second": s.tokens_per_second, "rounds": s.rounds}
-            if name != "autoregressive":
-                pos = acceptance_by_position(s.accepted_lengths, gamma, s.proposed_lengths)
+            if name.startswith("transformers"):
+                row.update({"speedup": s.tokens_per_second / base.tokens_per_second,
+                            "same_as_baseline": bool(torch.equal(gen.tokens, results["autoregressive"].tokens))})
+            elif name != "autoregressive":
+                depths = s.tree_depths or s.proposed_lengths  # a tree's depth plays the chain's length
+                pos = acceptance_by_position(s.accepted_lengths, gamma, depths)
                 row.update({"acceptance_rate": s.acceptance_rate,
-                            "alpha": alpha_estimate(s.accepted_lengths, s.proposed_lengths),
+                            "alpha": alpha_estimate(s.accepted_lengths, depths),
                             "mean_accepted_length": s.mean_accepted_length,
                             "c": (s.draft_seconds / s.drafted) / step if s.drafted else float("nan"),
+                            "nodes_per_round": s.drafted / s.rounds,
+                            "draft_cost_per_round": (s.draft_seconds / s.rounds) / step,  # in target steps
+                            "v": (s.target_seconds / s.rounds) / step,  # verification forward, in target steps
                             "speedup": s.tokens_per_second / base.tokens_per_second,
                             "same_as_baseline": bool(torch.equal(gen.tokens, results["autoregressive"].tokens))})
                 row.update({f"accept_pos{j + 1}": v for j, v in enumerate(pos)})
@@ -105,7 +148,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Medians per (method, task), an 'overall' row per method (median over all prompts), and the geometric
     mean over tasks of the per-task median speedup."""
     spec = df[df["method"] != "autoregressive"]
-    cols = ["alpha", "acceptance_rate", "mean_accepted_length", "c", "speedup"]
+    cols = [c for c in ["alpha", "acceptance_rate", "mean_accepted_length", "c", "speedup"] if c in spec]
     per_task = spec.groupby(["method", "task"])[cols].median().reset_index()
     overall = spec.groupby("method")[cols].median().reset_index().assign(task="overall (median)")
     geo = per_task.groupby("method")["speedup"].apply(lambda s: math.exp(np.log(s).mean()))
@@ -212,13 +255,19 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    parser.add_argument("--transformers", action="store_true",
+                        help="also time transformers' generate, prompt lookup and (--assistant) assisted generation")
+    parser.add_argument("--assistant", default="", help="draft model for transformers' assisted generation")
     parser.add_argument("--out", default="data/results/draft_kinds.csv")
     args = parser.parse_args(argv)
     target, tokenizer = load_model(args.target, args.device, args.dtype)
     drafts = {name: load_draft(name, target) for name in args.drafts}  # refusals come before any run
+    hf = None
+    if args.transformers:
+        hf = transformers_methods(target, load_draft(args.assistant, target) if args.assistant else None)
     prompts = first_per_task(load_prompts(args.prompts), args.prompts_per_task)
     frames = [run_prompts(target, tokenizer, drafts, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                          sampling=SamplingParams(temperature=t)) for t in args.temperatures]
+                          sampling=SamplingParams(temperature=t), transformers=hf) for t in args.temperatures]
     runs = pd.concat(frames, ignore_index=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     runs.to_csv(args.out, index=False)
