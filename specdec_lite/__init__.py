@@ -14,7 +14,8 @@ reproduction checks are listed in docs/CLAIMS.md, the measurements in docs/RESUL
 Layout (each layer imports only the ones above it):
   paths     where shipped data, results and caches live
   core      sampling, the verifier, the model-wrapper protocol, the drafter protocol, the loop, model loading
-  drafts    draft kinds: n-gram (prompt lookup), layer skip, feature-level heads; loading a draft by name
+  drafts    draft kinds: n-gram (prompt lookup), layer skip, feature-level heads, token trees and adaptive
+            length; loading a draft by name (load_draft("auto", target): the recommended drafting)
   repro     the reproduction: toy models, exact enumeration, statistics, theory, tasks, evaluation, claims
   train     target-made text, features, the training loop for the draft and the heads, model cards
 """
@@ -29,6 +30,7 @@ from .drafts.heads import EagleDraft, MedusaDraft, load_head
 from .drafts.layer_skip import LayerSkipDraft
 from .drafts.loading import load_draft, load_pair
 from .drafts.ngram import NGramDraft
+from .drafts.trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft, SampledTreeDraft
 from .repro import theory
 from .repro.toy import MarkovLM
 
@@ -36,5 +38,6 @@ __all__ = [
     "SamplingParams", "verify", "verify_greedy", "load_model", "speculative_generate", "autoregressive_generate",
     "Generation", "GenerationStats", "theory", "Drafter", "ModelDraft", "NGramDraft", "LayerSkipDraft",
     "HFCausalLM", "MarkovLM", "register_tokenizer", "check_tokenizers", "EMBEDDED_TARGET", "EMBEDDED_DRAFT",
-    "load_pair", "load_draft", "load_head", "EagleDraft", "MedusaDraft",
+    "load_pair", "load_draft", "load_head", "EagleDraft", "MedusaDraft", "AdaptiveLength", "EagleTreeDraft",
+    "HybridTreeDraft", "LookupTreeDraft", "SampledTreeDraft",
 ]

@@ -7,13 +7,17 @@ import pytest
 import torch
 
 from specdec_lite import paths
-from specdec_lite.repro.notebook import run_name_for, setup, short_name
+from specdec_lite.core.models import dtype_name
+from specdec_lite.repro.notebook import DEFAULT_DTYPE, run_name_for, setup, short_name
+
+AUTO = dtype_name(DEFAULT_DTYPE)  # the CPU's "auto" dtype: bfloat16 with native bfloat16, else float32
+OTHER = "float32" if AUTO == "bfloat16" else "bfloat16"
 
 
 def test_smoke_runs_write_under_out_smoke_named_from_the_pair(monkeypatch):
     monkeypatch.delenv("SPECDEC_SMOKE", raising=False)
     run = setup(smoke=True)
-    folder = run.root / "out" / "smoke" / "smollm2-135m-instruct--smollm2-135m-draft--float32"
+    folder = run.root / "out" / "smoke" / f"smollm2-135m-instruct--smollm2-135m-draft--{AUTO}"
     assert run.smoke and not run.default and run.folder == folder and run.pick(10, 2) == 2
     assert run.results == folder / "results" and run.figures == folder / "figures" and run.results.is_dir()
 
@@ -26,8 +30,8 @@ def test_only_the_embedded_default_run_writes_the_shipped_folders(monkeypatch, l
     assert run.default and not run.smoke and run.pick(10, 2) == 10
     assert run.results == paths.results_dir() and run.figures == paths.figures_dir()
     others = [setup(target=str(local_pairs / "tiny-4l"), draft=str(local_pairs / "tiny-1l")),
-              setup(dtype="bfloat16"), setup(run_name="mine")]
-    names = ["tiny-4l--tiny-1l--float32", "smollm2-135m-instruct--smollm2-135m-draft--bfloat16", "mine"]
+              setup(dtype=OTHER), setup(run_name="mine")]
+    names = [f"tiny-4l--tiny-1l--{AUTO}", f"smollm2-135m-instruct--smollm2-135m-draft--{OTHER}", "mine"]
     for run, name in zip(others, names):
         assert not run.default and run.folder == run.root / "out" / "runs" / name
         assert run.results == run.folder / "results" and run.figures == run.folder / "figures"
@@ -39,7 +43,8 @@ def test_the_dtype_is_recorded_in_titles_and_every_csv_row(tmp_path, local_pairs
         "speedup (bfloat16, smollm2-135m-instruct / smollm2-135m-draft)"
     written = pd.read_csv(run.save_csv(pd.DataFrame({"x": [1, 2]}), "t.csv"))
     assert list(written.dtype) == ["bfloat16"] * 2 and set(written.target) == {"smollm2-135m-instruct"}
-    assert setup(smoke=True).title("speedup") == "speedup (float32, smollm2-135m-instruct / smollm2-135m-draft)"
+    assert setup(smoke=True, dtype="float32").title("speedup") == \
+        "speedup (float32, smollm2-135m-instruct / smollm2-135m-draft)"
 
 
 def test_run_names_are_file_names():
@@ -83,4 +88,6 @@ def test_a_dtype_the_device_cannot_run_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="does not support bfloat16; use dtype='float16' or 'auto'"):
         models.resolve_dtype("bfloat16", "cuda")
     assert models.resolve_dtype("auto", "cuda") == torch.float16  # "auto" picks what the GPU has
-    assert models.resolve_dtype("auto", "cpu") == torch.float32 and models.resolve_dtype("bf16", "cpu") == torch.bfloat16
+    native = models.cpu_has_native_bfloat16()  # "auto" on the CPU: bfloat16 where the CPU has it natively
+    assert models.resolve_dtype("auto", "cpu") == (torch.bfloat16 if native else torch.float32)
+    assert models.resolve_dtype("bf16", "cpu") == torch.bfloat16

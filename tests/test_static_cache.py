@@ -145,7 +145,7 @@ def test_memory_is_checked_before_loading(local_pairs, monkeypatch):
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded anyway"))
     with pytest.raises(MemoryError, match=r"needs about .* GB of weights in float32 .* cpu has 0.0 GB free; "
                                           r"try dtype='bfloat16'"):
-        sd.load_model(path, device="cpu", cache="static", max_cache_len=4096)
+        sd.load_model(path, device="cpu", dtype="float32", cache="static", max_cache_len=4096)
 
 
 def test_greedy_identity_of_the_embedded_target_on_the_static_path(embedded):

@@ -33,7 +33,8 @@ def test_sweep_over_two_local_pairs_and_a_refused_one(tmp_path, local_pairs):
         "parameters": {"prompts_per_task": 1, "max_new_tokens": 8, "temperatures": [0.0]},
         "pairs": [
             # a full-size (not smoke) run with small parameters: it must still write only its own folder
-            {"target": str(local_pairs / "tiny-4l"), "draft": str(local_pairs / "tiny-1l"), "run_name": "test-sweep-4l"},
+            {"target": str(local_pairs / "tiny-4l"), "draft": str(local_pairs / "tiny-1l"), "run_name": "test-sweep-4l",
+             "dtype": "float32"},
             {"target": str(local_pairs / "tiny-2l"), "draft": str(local_pairs / "tiny-1l"), "dtype": "bfloat16",
              "parameters": {"smoke": True}},
             {"target": str(local_pairs / "tiny-4l"), "draft": str(local_pairs / "other-tokenizer-1l")},
@@ -100,7 +101,8 @@ def test_heads_default_to_the_ones_trained_for_the_target(embedded, local_pairs)
     tiny, _ = load_model(str(local_pairs / "tiny-1l"), device="cpu")
     assert heads_for(tiny) == []
     drafts, skipped = drafts_for_pair(tiny, heads="auto")
-    assert list(drafts) == ["n-gram"] and set(skipped) == {"heads", "layer-skip"}
+    assert list(drafts) == ["n-gram", "lookup tree"]
+    assert set(skipped) == {"heads", "layer-skip", "EAGLE adaptive / tree / hybrid"}
     assert "keep all 1 of the target's layers" in skipped["layer-skip"]
     with pytest.raises(ValueError, match="train a head for this target"):  # named explicitly: still refused
         drafts_for_pair(tiny, heads="smollm2-135m-eagle")

@@ -172,3 +172,20 @@ def test_acceptance_summaries():
     assert evaluate.alpha_estimate([1, 3, 1], [0, 2, 4]) == pytest.approx(2 / (0 + 2 + 1))
     pos = evaluate.acceptance_by_position([1, 3, 1], 4, proposed=[0, 2, 4])
     assert pos[0] == pytest.approx(1 / 2) and pos[1] == pytest.approx(1.0) and np.isnan(pos[2])
+
+
+def test_tree_formula_reduces_to_the_chain_formula():
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        chain = theory.expected_tokens_tree([0] + [alpha] * 4, [-1, 0, 1, 2, 3])
+        assert chain == pytest.approx(theory.expected_tokens(alpha, 4))
+        assert theory.expected_tokens_by_depth([alpha] * 4) == pytest.approx(chain)
+        assert theory.tree_speedup(chain, 4 * 0.1, 1.3) == pytest.approx(theory.speedup(alpha, 4, 0.1, 1.3))
+
+
+def test_tree_formula_adds_each_nodes_path_probability():
+    # root -> a (0.5) -> c (0.4); root -> b (0.3): E[N] = 1 + 0.5 + 0.5*0.4 + 0.3
+    assert theory.expected_tokens_tree([0, 0.5, 0.3, 0.4], [-1, 0, 0, 1]) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="parent"):
+        theory.expected_tokens_tree([0, 0.5], [-1, 1])
+    assert theory.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 7) == pytest.approx(1.2)
+    assert theory.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 13) == pytest.approx(1.5)

@@ -2,9 +2,12 @@
 
   sampling    logits -> p or q under one SamplingParams (temperature, top-k, top-p, repetition penalty)
   verify      exact rejection sampling and greedy verification, pure functions
+  tree        token trees: the tree, its attention mask and positions, tree verification, cache compaction
   lm          the model-wrapper protocol (feed / crop / cache_lengths) and the Hugging Face wrapper
   drafter     the drafter protocol (begin / propose / observe / rollback) and the independent draft model
   tokenizers  refusing a draft whose tokenizer differs from the target's
   decode      the loop, top to bottom, and the autoregressive baseline
-  models      loading a model by package name, Hugging Face id or local path
+  models      loading a model by package name, Hugging Face id or local path; the "auto" dtype
+  batch_invariance  batch-invariant layers (bfloat16 on the CPU keeps greedy identity)
+  memory      will a model and its cache fit
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..paths import HEAD_CONFIG, cache_dir, drafts_dir, is_head_dir
-from .invariant import make_batch_invariant
+from .batch_invariance import make_batch_invariant
 from .lm import check_static_placement, register_tokenizer, use_static_cache
 from .memory import check_fits, placement_devices
 
@@ -72,7 +72,7 @@ def auto_dtype(device: torch.device) -> torch.dtype:
 
     - CUDA: bfloat16 where supported, else float16. MPS: float16.
     - CPU with native bfloat16 (AVX512-BF16, AMX): bfloat16, made batch-invariant by ``load_model``
-      (``invariant.make_batch_invariant``). Measured on the embedded target (2-core AMD EPYC): a decode step about
+      (``batch_invariance.make_batch_invariant``). Measured on the embedded target (2-core AMD EPYC): a decode step about
       40 ms against about 61 ms in float32, and a 5-token verification forward about 1.1 steps against 1.7.
       Without the batch-invariant layers, bfloat16 broke greedy identity in 14 of 24 runs.
     - other CPUs: float32 (bfloat16 is emulated there and slower).
@@ -214,7 +214,7 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
     dtype: ``"auto"`` (the default, also None) is the device's rule in ``auto_dtype`` (bfloat16 on CPUs with
     native bfloat16 and on CUDA, else float32 on the CPU); or a name or torch dtype. ``batch_invariant`` (None:
     yes for bfloat16/float16 on the CPU) patches the model so a position's logits do not depend on the width of
-    the forward (``invariant.make_batch_invariant``), which greedy identity needs in half precision. ``device_map`` ("auto" or a dict, through
+    the forward (``batch_invariance.make_batch_invariant``), which greedy identity needs in half precision. ``device_map`` ("auto" or a dict, through
     accelerate) spreads a model too large for one device over several (``device`` is then ignored).
     ``cache="static"`` preallocates ``max_cache_len`` tokens (``lm.use_static_cache``), ``compile=True`` compiles
     its decode forwards (CUDA graphs on a GPU). The weights and cache are checked against free memory before

@@ -9,7 +9,7 @@ from ..core.lm import model_device, static_state, tokenizer_of
 from ..core.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, check_model_name, load_model, resolve_name
 from ..core.tokenizers import check_tokenizers
 from ..paths import drafts_dir, is_head_dir
-from .heads import MedusaDraft, check_head_target, load_head, read_head_config
+from .heads import EagleDraft, MedusaDraft, check_head_target, load_head, read_head_config
 from .layer_skip import LayerSkipDraft
 from .ngram import NGramDraft
 from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
@@ -49,18 +49,26 @@ def tree_draft(name: str, target):
     """A tree or adaptive drafter by name (``TREE_DRAFTS``). The head-based ones need an EAGLE head trained for
     ``target`` under the drafts folder (``heads_for``); "auto" falls back to lookup trees without one."""
     eagle_names = [n for n in heads_for(target) if read_head_config(drafts_dir() / n).kind == "eagle"]
-    lookup = LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"], adaptive=False)
     if name == "lookup-tree" or (name == "auto" and not eagle_names):
-        return lookup
+        return LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"])
     if not eagle_names:
         raise ValueError(f"draft {name!r} needs an EAGLE head trained for this target under {drafts_dir()}; "
                          "train one (notebooks/00_train_heads.ipynb) or use 'lookup-tree'")
-    eagle = load_head(drafts_dir() / eagle_names[0], target)
-    adaptive = AdaptiveLength(threshold=AUTO_SETTINGS["adaptive_threshold"])
-    if name == "eagle-adaptive":
-        return EagleTreeDraft(eagle, width=1, adaptive=adaptive)
-    head = EagleTreeDraft(eagle, width=AUTO_SETTINGS["head_width"], adaptive=adaptive)
-    return head if name == "eagle-tree" else HybridTreeDraft(lookup, head)
+    built = head_tree_drafts(load_head(drafts_dir() / eagle_names[0], target))
+    return built["hybrid-tree" if name == "auto" else name]
+
+
+def head_tree_drafts(eagle: EagleDraft) -> dict:
+    """The drafters built on one EAGLE head, by ``TREE_DRAFTS`` name, with the recommended settings
+    (``AUTO_SETTINGS``); each has its own adaptive threshold."""
+    def adaptive():
+        return AdaptiveLength(threshold=AUTO_SETTINGS["adaptive_threshold"])
+
+    head_tree = EagleTreeDraft(eagle, width=AUTO_SETTINGS["head_width"], adaptive=adaptive())
+    return {"eagle-adaptive": EagleTreeDraft(eagle, width=1, adaptive=adaptive()),
+            "eagle-tree": head_tree,
+            "hybrid-tree": HybridTreeDraft(LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"]),
+                                           EagleTreeDraft(eagle, width=AUTO_SETTINGS["head_width"], adaptive=adaptive()))}
 
 
 def check_draft_name(name_or_path: str) -> None:
@@ -105,7 +113,8 @@ def head_label(draft) -> str:
 def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int = 0) -> tuple[dict, dict]:
     """Every draft kind that applies to ``target``, by label, and the kinds skipped, with the reason.
 
-    The draft model (if given; labelled "trained draft"), the heads, n-gram prompt lookup and layer skip. ``heads``: "auto" (the heads
+    The draft model (if given; labelled "trained draft"), the heads, n-gram prompt lookup (chain and tree), the
+    EAGLE head's adaptive chain, tree and hybrid tree (when there is an EAGLE head) and layer skip. ``heads``: "auto" (the heads
     trained for this target, ``heads_for``; none is not an error), or names/folders (a comma-separated string
     or a list), each refused with the loader's message when it was trained for another target.
     """
@@ -122,6 +131,14 @@ def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int
         head = load_draft(name, target)
         drafts[head_label(head)] = head
     drafts["n-gram"] = NGramDraft()
+    drafts["lookup tree"] = LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"])
+    eagle = next((d for d in drafts.values() if isinstance(d, EagleDraft)), None)
+    if eagle is not None:  # adaptive length, trees and the hybrid on the same head
+        built = head_tree_drafts(eagle)
+        drafts.update({"EAGLE adaptive": built["eagle-adaptive"], "EAGLE tree": built["eagle-tree"],
+                       "hybrid tree (auto)": built["hybrid-tree"]})
+    else:
+        skipped["EAGLE adaptive / tree / hybrid"] = "no EAGLE head for this target"
     try:
         layer_skip = LayerSkipDraft(target, exit_layer=layer_skip_exit or None)
     except (NotImplementedError, ValueError) as err:

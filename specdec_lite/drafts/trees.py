@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.drafter import Drafter
+from ..core.drafter import Drafter, confidence_of
 from ..core.lm import as_language_model
 from ..core.sampling import SamplingParams, probs_from_logits
 from ..core.tree import Tree, TreeBuilder
@@ -53,13 +53,6 @@ class AdaptiveLength:
             self.threshold = max(self.low, self.threshold - self.step)
         else:
             self.threshold = min(self.high, self.threshold + self.step)
-
-
-def confidence(logits: torch.Tensor) -> tuple[int, float]:
-    """The draft's most likely token and its probability under the untempered softmax (logits (V,))."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    value, index = probs.max(-1)
-    return int(index), float(value)
 
 
 class EagleTreeDraft(Drafter):
@@ -93,8 +86,8 @@ class EagleTreeDraft(Drafter):
         L, parent, chain = int(lengths.max()), 0, 0
         for depth in range(gamma):
             logits = self.eagle.output.logits(predicted[0, -1])  # (V,)
-            token, conf = confidence(logits)
-            if self.adaptive is not None and not self.adaptive.keep_going(conf):
+            token = int(logits.argmax())
+            if self.adaptive is not None and not self.adaptive.keep_going(confidence_of(logits[None])):
                 break
             node = builder.add(parent, token)
             if self.width > 1:

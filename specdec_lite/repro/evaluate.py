@@ -140,8 +140,42 @@ def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_to
                 row.update({f"accept_pos{j + 1}": v for j, v in enumerate(pos)})
                 row["accepted_lengths"] = " ".join(map(str, s.accepted_lengths))  # per round, for later analysis
                 row["proposed_lengths"] = " ".join(map(str, s.proposed_lengths))
+                row["tree_depths"] = " ".join(map(str, s.tree_depths))  # empty for chains
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def predicted_accepted_length(accepted_lengths, depths, gamma: int) -> float:
+    """The cost model's E[N] for one prompt's rounds: 1 + sum_i P(depth >= i) * prod_{j <= i} a_j, with a_j the
+    measured conditional acceptance at depth j (``acceptance_by_position``) and P(depth >= i) the share of rounds
+    whose proposal reached depth i (adaptive drafts vary it). For a fixed chain it is ``theory.expected_tokens``
+    with per-position alphas."""
+    a = np.nan_to_num(acceptance_by_position(accepted_lengths, gamma, depths))
+    reach = np.array([(np.asarray(depths) >= i + 1).mean() for i in range(gamma)])
+    return float(1.0 + (reach * np.cumprod(a)).sum())
+
+
+def cost_model(runs: pd.DataFrame, v_by_tokens: dict) -> pd.DataFrame:
+    """Per (method, task), medians over prompts: measured mean accepted length beside the cost model's E[N]
+    (``predicted_accepted_length``); draft cost d and verification cost v per round (in target steps) as
+    measured, and v(nodes + 1) from the separate forward timings ``v_by_tokens`` (``bench.forward_seconds``);
+    the predicted speedup E[N] / (d + v(nodes + 1)) (``theory.tree_speedup``) beside the measured one."""
+    from . import theory
+
+    spec = runs[runs["method"].ne("autoregressive") & runs["proposed_lengths"].notna()].copy()
+    rows = []
+    for _, r in spec.iterrows():
+        accepted, depths = _ints(r["accepted_lengths"]), round_depths(r.get("tree_depths"), r["proposed_lengths"])
+        expected = predicted_accepted_length(accepted, depths, int(max(depths + [r["gamma"]])))
+        v_model = theory.v_at(v_by_tokens, r["nodes_per_round"] + 1)
+        rows.append({"method": r["method"], "task": r["task"], "temperature": r["temperature"],
+                     "mean accepted length": r["mean_accepted_length"], "predicted E[N]": expected,
+                     "nodes per round": r["nodes_per_round"], "d (draft, steps)": r["draft_cost_per_round"],
+                     "v measured": r["v"], "v(nodes+1) model": v_model,
+                     "speedup": r["speedup"],
+                     "predicted speedup": theory.tree_speedup(expected, r["draft_cost_per_round"], v_model)})
+    table = pd.DataFrame(rows)
+    return table.groupby(["method", "task", "temperature"]).median(numeric_only=True).reset_index()
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
@@ -168,8 +202,9 @@ ARTICLE_003 = pd.DataFrame({"task": ["code", "summarization", "dialogue", "trans
 
 
 def speculative_rows(runs: pd.DataFrame, temperature: float | None = None) -> pd.DataFrame:
-    """The rows of ``run_prompts`` for the drafts (not the baseline), at one temperature if given."""
-    spec = runs[runs["method"] != "autoregressive"]
+    """The rows of ``run_prompts`` for our drafts (not the baseline, not transformers'), at one temperature if
+    given."""
+    spec = ours(runs[runs["method"] != "autoregressive"])
     return spec if temperature is None else spec[spec["temperature"] == temperature]
 
 
@@ -182,9 +217,39 @@ def article003_side_by_side(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.Dat
     return greedy, side.reset_index().merge(ARTICLE_003, on="task")
 
 
+def ours(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of this package's methods (not transformers' generate or assisted generation)."""
+    return frame[~frame["method"].str.startswith("transformers")]
+
+
 def best_method(greedy: pd.DataFrame) -> str:
-    """The method with the highest median speedup over the given rows."""
-    return greedy.groupby("method").speedup.median().idxmax()
+    """Our method with the highest median speedup over the given rows."""
+    return ours(greedy).groupby("method").speedup.median().idxmax()
+
+
+def speed_goals(summary: pd.DataFrame, method: str) -> pd.DataFrame:
+    """The speed goals for ``method`` on one run of ``summarize`` rows per temperature (column temperature, 0 and
+    1): geometric mean over tasks of the per-task median speedup over our autoregressive baseline, greedy >= 1.6
+    with no task below 1.0, temperature 1 >= 1.25; over transformers' best assisted generation >= 1.3x (greedy,
+    geometric means); and our baseline not slower than transformers' generate (its median speedup over ours <= 1)."""
+    def geo(t):
+        return geomean_speedups(summary, temperature=t)
+
+    tasks = summary[(summary.temperature == 0) & (summary.method == method) & (summary.task != "overall (median)")]
+    assisted = {m: v for m, v in geo(0).items() if m.startswith("transformers") and m != "transformers generate"}
+    best_hf = max(assisted, key=assisted.get) if assisted else None
+    hf_generate = summary[(summary.temperature == 0) & (summary.method == "transformers generate")
+                          & (summary.task == "overall (median)")].speedup
+    rows = [("greedy geometric mean over tasks", ">= 1.6", geo(0).get(method, float("nan")), 1.6),
+            ("greedy, slowest task", ">= 1.0", tasks.speedup.min() if len(tasks) else float("nan"), 1.0),
+            ("temperature 1 geometric mean", ">= 1.25", geo(1).get(method, float("nan")), 1.25),
+            (f"over {best_hf} (greedy)", ">= 1.3",
+             geo(0).get(method, float("nan")) / assisted[best_hf] if best_hf else float("nan"), 1.3),
+            ("our baseline over transformers generate", ">= 1.0",
+             1 / float(hf_generate.iloc[0]) if len(hf_generate) else float("nan"), 1.0)]
+    table = pd.DataFrame(rows, columns=["goal", "wanted", "measured", "threshold"])
+    table["met"] = table.measured >= table.threshold
+    return table.drop(columns="threshold").assign(method=method)
 
 
 def method_by_task(greedy: pd.DataFrame, method: str, column: str) -> pd.Series:
@@ -211,12 +276,19 @@ def _ints(text) -> list:
     return [int(x) for x in str(text).split()]
 
 
+def round_depths(tree_depths, proposed_lengths) -> list:
+    """Per-round proposal depths from a ``run_prompts`` row's columns: the tree depths for tree drafts, else the
+    proposed lengths (a chain's depth is its length)."""
+    return _ints(tree_depths) if isinstance(tree_depths, str) and tree_depths.strip() else _ints(proposed_lengths)
+
+
 def acceptance_along_output(spec_runs: pd.DataFrame, bucket: int = 32) -> pd.DataFrame:
     """``acceptance_by_output_position`` of every run (its per-round accepted and proposed lengths, as
     ``run_prompts`` stores them): one row per (run, bucket) with method, temperature, output position, alpha."""
     rows = []
     for r in spec_runs.itertuples():
-        along = acceptance_by_output_position(_ints(r.accepted_lengths), _ints(r.proposed_lengths), bucket=bucket)
+        depths = round_depths(getattr(r, "tree_depths", None), r.proposed_lengths)
+        along = acceptance_by_output_position(_ints(r.accepted_lengths), depths, bucket=bucket)
         rows.extend({"method": r.method, "temperature": r.temperature, "output position": start, "alpha": a}
                     for start, a in along.items())
     return pd.DataFrame(rows, columns=["method", "temperature", "output position", "alpha"])

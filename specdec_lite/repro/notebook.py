@@ -3,7 +3,7 @@
 ``run = setup(smoke, target, draft, device, dtype)`` checks the pair's names, the device and the dtype before any
 work, and decides where the run writes:
 
-- the embedded default run (the embedded pair, float32 on the CPU, full size) writes the shipped ``figures/``
+- the embedded default run (the embedded pair in the CPU's "auto" dtype, full size) writes the shipped ``figures/``
   and ``data/results/`` that the README and ``docs/RESULTS.md`` show;
 - any other run writes under ``out/runs/<run name>/`` (``figures/``, ``results/``), and a smoke run
   (``smoke=True``, or ``SPECDEC_SMOKE=1``, which ``make test`` sets for nbval) under ``out/smoke/<run name>/``.
@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 
 from .. import paths
-from ..core.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, check_model_name, dtype_name, resolve_device, resolve_dtype
+from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, auto_dtype, check_model_name, dtype_name, resolve_device,
+                           resolve_dtype)
 from ..drafts.loading import check_draft_name
 
 SMOKE_ENV = "SPECDEC_SMOKE"
-DEFAULT_DTYPE = torch.float32  # the dtype of the shipped results (the CPU's "auto")
+DEFAULT_DTYPE = auto_dtype(torch.device("cpu"))  # the dtype of the shipped results: the CPU's "auto"
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def run_name_for(target: str, draft: str, dtype: torch.dtype) -> str:
 
 
 def is_default_run(target: str, draft: str, device: torch.device, dtype: torch.dtype, run_name: str = "") -> bool:
-    """The embedded pair in float32 on the CPU, under no other name: the run behind the shipped results."""
+    """The embedded pair on the CPU in its "auto" dtype (``DEFAULT_DTYPE``), under no other name: the run behind the
+    shipped results."""
     return (target, draft, device.type, dtype, run_name) == (EMBEDDED_TARGET, EMBEDDED_DRAFT, "cpu", DEFAULT_DTYPE, "")
 
 

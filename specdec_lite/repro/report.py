@@ -29,6 +29,7 @@ RESULTS_DOC = Path("docs") / "RESULTS.md"  # relative to the repository root
 NOT_MEASURED = "not measured yet"
 VERDICT_NOT_MEASURED = "not measured yet"
 SUMMARY_CSV, RUNS_CSV, CLAIMS_CSV = "task_acceptance_summary.csv", "task_acceptance_runs.csv", "claims.csv"
+GOALS_CSV, COST_MODEL_CSV = "speed_goals.csv", "cost_model.csv"  # written by 03_task_acceptance
 TASK_ORDER = ("code", "summarization", "dialogue", "translation")
 OVERALL = "overall (median)"
 
@@ -53,6 +54,7 @@ class Figure:
     dtype: str  # the arithmetic behind it
 
 
+REAL_MODELS = "real models"  # a figure of real-model measurements: its dtype is the one the results record
 FIGURES = [
     Figure("unbiasedness_pvalues.png", "01_unbiasedness", "chi-square p-value of the loop's output against the exact "
            "target law, for the correct verifier and the broken ones, and the deviation against sample size",
@@ -62,11 +64,13 @@ FIGURES = [
     Figure("break_even.png", "02_speedup_table", "break-even alpha against the draft's cost c",
            "float64 (the formula)"),
     Figure("predicted_vs_measured_speedup.png", "02_speedup_table", "speedup predicted from measured alpha, c and "
-           "v(gamma) against the measured one, on the embedded pair", "float32 (real models)"),
+           "v(gamma) against the measured one, on the embedded pair", REAL_MODELS),
     Figure("task_acceptance.png", "03_task_acceptance", "acceptance and speedup per task and per draft kind",
-           "float32 (real models)"),
+           REAL_MODELS),
     Figure("acceptance_by_position.png", "03_task_acceptance", "acceptance by draft position and along the output",
-           "float32 (real models)"),
+           REAL_MODELS),
+    Figure("cost_model.png", "03_task_acceptance", "the cost model's predicted speedup (E[N] from acceptance per "
+           "depth, draft cost, v(nodes)) against the measured one, per drafting method and task", REAL_MODELS),
     Figure("draft_training_loss.png", "00_train_draft", "the standalone draft's training curve",
            "float32 training (weights shipped in float16)"),
     Figure("heads_training.png", "00_train_heads", "the EAGLE-style head's and the Medusa heads' training curves",
@@ -313,13 +317,45 @@ def analysis(results_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def speed_section(results_dir: Path) -> str:
+    """The speed of every method, ours and transformers', as geometric means over tasks of the per-task median
+    speedup over our autoregressive baseline; the speed goals; the cost model's predictions beside the
+    measurements (greedy). From ``03_task_acceptance``'s CSVs."""
+    lines = ["## Speed: every method against our baseline, the goals, the cost model (`03_task_acceptance`)", ""]
+    summary_path = Path(results_dir) / SUMMARY_CSV
+    if not summary_path.exists():
+        return "\n".join(lines + [_missing(SUMMARY_CSV, "03_task_acceptance")])
+    summary = pd.read_csv(summary_path)
+    per_task = summary[summary.task != "overall (median)"]
+    table = per_task.groupby(["method", "temperature"]).speedup.agg(
+        geomean=lambda v: float(np.exp(np.log(v).mean())), slowest_task="min").reset_index()
+    table = table.pivot(index="method", columns="temperature", values=["geomean", "slowest_task"])
+    table.columns = [f"{stat} (T={t:g})" for stat, t in table.columns]
+    lines += ["Speedup over our autoregressive baseline, same prompts, model and dtype "
+              f"({', '.join(sorted(set(summary.get('dtype', pd.Series(['unrecorded'])).astype(str))))}); "
+              "geometric mean over tasks of the per-task median, and the slowest task:", "",
+              to_markdown(table.sort_values(table.columns[0], ascending=False).reset_index(), digits=2), ""]
+    for name, title in ((GOALS_CSV, "The speed goals, for our best method"),
+                        (COST_MODEL_CSV, "The cost model, greedy: predicted E[N] and speedup beside the measured ones")):
+        path = Path(results_dir) / name
+        if path.exists():
+            frame = pd.read_csv(path)
+            if "temperature" in frame:
+                frame = frame[frame.temperature == 0].drop(columns="temperature")
+            frame = frame.drop(columns=[c for c in ("target", "draft", "dtype") if c in frame])
+            lines += [f"{title}:", "", to_markdown(frame, digits=2), ""]
+    return "\n".join(lines).rstrip()
+
+
 def other_results(results_dir: Path) -> str:
     """Any other CSV in the results folder, as a table (the first rows of long ones)."""
-    known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV}
+    known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV, GOALS_CSV, COST_MODEL_CSV}
     others = [p for p in sorted(Path(results_dir).glob("*.csv"))
               if p.name not in known and not p.name.startswith("claims_")]
     lines = ["## Other measurements", ""]
-    if not any("bench" in p.name for p in others):
+    compared = (Path(results_dir) / SUMMARY_CSV).exists() and \
+        pd.read_csv(Path(results_dir) / SUMMARY_CSV).method.str.startswith("transformers").any()
+    if not compared and not any("bench" in p.name for p in others):
         lines += [f"*Benchmark against transformers' `generate`, prompt lookup and assisted generation: "
                   f"{NOT_MEASURED} into a CSV; `python -m specdec_lite.repro.bench` prints it.*", ""]
     for path in others:
@@ -332,7 +368,7 @@ def other_results(results_dir: Path) -> str:
     return "\n".join(lines).rstrip()
 
 
-def figures_section(figures_dir: Path, out_dir: Path) -> str:
+def figures_section(figures_dir: Path, out_dir: Path, results_dir: Path) -> str:
     lines = ["## Figures", "", "Each figure with the notebook that draws it and the arithmetic behind it.", ""]
     rel = Path(os.path.relpath(Path(figures_dir).resolve(), Path(out_dir).resolve())).as_posix()
     known = {f.file for f in FIGURES}
@@ -340,6 +376,8 @@ def figures_section(figures_dir: Path, out_dir: Path) -> str:
              for p in sorted(Path(figures_dir).glob("*.png")) if p.name not in known]
     for fig in FIGURES + extra:
         where = f"`{fig.notebook}`, " if fig.notebook else ""
+        if fig.dtype == REAL_MODELS:
+            fig = Figure(fig.file, fig.notebook, fig.shows, f"{recorded_dtypes(results_dir)} (real models)")
         if (Path(figures_dir) / fig.file).exists():
             lines += [f"**{fig.shows}** ({where}dtype: {fig.dtype})", "", f"![{Path(fig.file).stem}]({rel}/{fig.file})", ""]
         else:
@@ -364,8 +402,8 @@ def results_markdown(results_dir: Path | None = None, out_dir: Path | None = Non
         "those files. Rerun the notebooks (`make reproduce`) to remake them. The claims are described in "
         "[CLAIMS.md](CLAIMS.md), the articles they come from in [SOURCES.md](SOURCES.md)."])
     sections = [head, where_measured(results_dir, env), claims_overview(results_dir), claims_by_notebook(results_dir),
-                task_tables(results_dir), analysis(results_dir), other_results(results_dir),
-                figures_section(figures_dir, out_dir)]
+                task_tables(results_dir), analysis(results_dir), speed_section(results_dir), other_results(results_dir),
+                figures_section(figures_dir, out_dir, results_dir)]
     return "\n\n".join(s.rstrip() for s in sections) + "\n"
 
 

@@ -108,3 +108,48 @@ def memory_floor_ms(weight_bytes: float, bandwidth_gbs: float) -> float:
     if weight_bytes < 0 or bandwidth_gbs <= 0:
         raise ValueError(f"need weight_bytes >= 0 and bandwidth_gbs > 0, got {weight_bytes}, {bandwidth_gbs}")
     return weight_bytes / (bandwidth_gbs * 1e9) * 1000
+
+
+# ------------------------------------------------------------------------ trees and adaptive drafting
+# The chain formula generalizes node by node. A round emits 1 + (number of accepted draft nodes) tokens, and a
+# node is accepted exactly when its whole root path is, so E[N] = 1 + sum over nodes of P(path to node accepted).
+# For a chain with acceptance alpha at every position this is 1 + alpha + ... + alpha^gamma, the formula above.
+# The cost of a round, in target steps, is the draft's cost d (gamma * c for a chain) plus v(n), the cost of one
+# target forward over the n nodes and the root.
+
+
+def expected_tokens_tree(node_acceptance, parents) -> float:
+    """E[N] = 1 + sum_i prod_{j on the root path of i} a_j, where node_acceptance[i] is P(node i accepted | its
+    parent accepted) and parents[i] the parent of node i (node 0 is the root: its entry is ignored)."""
+    a = _check_alpha(node_acceptance)
+    reach = np.ones(len(parents))
+    for i in range(1, len(parents)):
+        if parents[i] >= i:
+            raise ValueError("every node's parent must come before it (parents[i] < i)")
+        reach[i] = reach[parents[i]] * a[i]
+    return float(1.0 + reach[1:].sum())
+
+
+def expected_tokens_by_depth(acceptance_by_depth) -> float:
+    """E[N] from the conditional acceptance at each depth of the accepted path (P(depth k accepted | depth k-1
+    accepted)): 1 + a_1 + a_1 a_2 + ...; for a chain, the chain formula with per-position alphas."""
+    a = _check_alpha(np.nan_to_num(np.asarray(acceptance_by_depth, dtype=float)))
+    return float(1.0 + np.cumprod(a).sum())
+
+
+def tree_speedup(expected: float, draft_cost: float, v: float) -> float:
+    """Expected tokens per target step: E[N] / (d + v), with d the draft's cost per round and v the verification
+    forward's, both in target steps. For a chain, d = gamma * c and this is ``speedup``."""
+    if draft_cost < 0 or v <= 0:
+        raise ValueError(f"need draft_cost >= 0 and v > 0, got {draft_cost}, {v}")
+    return float(expected / (draft_cost + v))
+
+
+def v_at(v_by_tokens: dict, tokens: float) -> float:
+    """v(n) interpolated from measured {tokens in one forward: cost over one decode step} (bench.forward_seconds),
+    linear between measured points and extrapolated from the last two."""
+    xs = np.array(sorted(v_by_tokens), dtype=float)
+    ys = np.array([v_by_tokens[x] for x in sorted(v_by_tokens)], dtype=float)
+    if tokens > xs[-1] and len(xs) >= 2:
+        return float(ys[-1] + (tokens - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+    return float(np.interp(tokens, xs, ys))

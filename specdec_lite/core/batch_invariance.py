@@ -12,7 +12,7 @@ down projection, K = 1536) the library splits the sum differently for different 
 probes every linear layer's shape and replaces the ones that fail with ``SplitKLinear``: the product summed over
 chunks of K small enough to be invariant, accumulated in float32. The model's function changes by a rounding
 (the chunks' sum is rounded once more), the same for every forward, so ours-speculative, ours-autoregressive and
-transformers' ``generate`` on the patched model agree token for token (``tests/test_batch_invariant.py``).
+transformers' ``generate`` on the patched model agree token for token (``tests/test_faster_drafting.py``).
 
 This is the CPU counterpart of the batch-invariant kernels of He et al. 2025 ("Defeating Nondeterminism in LLM
 Inference", Thinking Machines Lab), done at the level of layers instead of kernels.
@@ -22,8 +22,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 PROBE_ROWS = (2, 3, 5, 9, 16, 33)  # forward widths probed: decode (1), chains and trees (2..33)
 ATTENTION = "specdec_float64"  # the attention implementation registered below
@@ -46,8 +44,14 @@ def float64_attention(module, query, key, value, attention_mask, scaling, dropou
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTENTION, float64_attention)
-AttentionMaskInterface.register(ATTENTION, eager_mask)  # an additive float mask, always materialized
+def register_attention() -> None:
+    """Register ``float64_attention`` with transformers (imported here: transformers' modeling utilities are
+    heavy, and ``import specdec_lite`` stays light)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(ATTENTION, float64_attention)
+    AttentionMaskInterface.register(ATTENTION, eager_mask)  # an additive float mask, always materialized
 
 
 def rows_are_invariant(weight: torch.Tensor, rows=PROBE_ROWS, seed: int = 0) -> bool:
@@ -110,6 +114,7 @@ def make_batch_invariant(model: nn.Module) -> list[str]:
             if verdicts[shape] != "as is":
                 setattr(module, child_name, SplitKLinear(child, verdicts[shape]))
                 replaced.append(f"{name}.{child_name}" if name else child_name)
+    register_attention()
     model.set_attn_implementation(ATTENTION)
     model._specdec_batch_invariant = True
     return replaced

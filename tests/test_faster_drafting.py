@@ -1,0 +1,154 @@
+"""Batch-invariant bfloat16, the recommended drafting by name, transformers' baselines, the cost model and the
+speed-goal table."""
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+import specdec_lite as sd
+from specdec_lite.core.batch_invariance import SplitKLinear, is_batch_invariant, make_batch_invariant, rows_are_invariant
+from specdec_lite.core.models import EMBEDDED_EAGLE, cpu_has_native_bfloat16
+from specdec_lite.drafts.loading import drafts_for_pair, load_draft
+from specdec_lite.drafts.trees import EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
+from specdec_lite.repro import evaluate, theory
+from specdec_lite.repro.tasks import chat_ids, first_per_task, load_prompts
+
+from conftest import tiny_llama
+
+GREEDY = sd.SamplingParams(temperature=0.0)
+
+
+def _one_by_one_and_together(model, prompt, extra):
+    lm = sd.HFCausalLM(model)
+    lm.reset(1)
+    lm.feed(prompt[None])
+    one = torch.cat([lm.feed(extra[None, i: i + 1]) for i in range(len(extra))], dim=1)
+    lm.reset(1)
+    lm.feed(prompt[None])
+    return one, lm.feed(extra[None])
+
+
+def test_split_k_linear_is_the_same_product_and_row_invariant():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(1536, 96, bias=True).to(torch.bfloat16)
+    split = SplitKLinear(linear, 512)
+    x = torch.randn(7, 1536).to(torch.bfloat16)
+    assert torch.allclose(split(x).float(), F.linear(x, linear.weight, linear.bias).float(), atol=0.1, rtol=0.02)
+    rows = torch.cat([split(x[i: i + 1]) for i in range(7)])
+    assert torch.equal(rows, split(x))
+    assert rows_are_invariant(linear.weight[:, :512].detach())
+
+
+def test_make_batch_invariant_gives_every_position_the_same_bits():
+    model = tiny_llama(vocab=64, layers=2, hidden=64, seed=2).to(torch.bfloat16)
+    make_batch_invariant(model)
+    assert is_batch_invariant(model) and model.config._attn_implementation == "specdec_float64"
+    prompt, extra = torch.arange(3, 20), torch.tensor([5, 9, 11, 2, 40, 7, 8, 1, 33])
+    one, together = _one_by_one_and_together(model, prompt, extra)
+    assert torch.equal(one, together)
+
+
+@pytest.fixture(scope="module")
+def embedded_bf16():
+    return sd.load_model(sd.EMBEDDED_TARGET, device="cpu", dtype="bfloat16")
+
+
+@pytest.mark.skipif(not cpu_has_native_bfloat16(), reason="bfloat16 is emulated on this CPU")
+def test_bfloat16_on_the_cpu_is_batch_invariant_only_with_the_patch(embedded_bf16):
+    """load_model patches bfloat16 models on the CPU; the same model unpatched gives a position different logits
+    in a 9-token forward than in one-token steps (measured on AVX512-BF16 CPUs)."""
+    model, tokenizer = embedded_bf16
+    assert is_batch_invariant(model)
+    prompt = chat_ids(tokenizer, "Write a haiku about the sea.")[0]
+    extra = torch.tensor(tokenizer("The waves roll in and out")["input_ids"][:9])
+    one, together = _one_by_one_and_together(model, prompt, extra)
+    assert torch.equal(one, together)
+    plain, _ = sd.load_model(sd.EMBEDDED_TARGET, device="cpu", dtype="bfloat16", batch_invariant=False)
+    one, together = _one_by_one_and_together(plain, prompt, extra)
+    assert not torch.equal(one, together)
+
+
+def test_greedy_identity_in_bfloat16_ours_and_transformers(embedded_bf16):
+    """Same model, same dtype: our speculative output (every drafting kind, trees and adaptive included) ==
+    our autoregressive output == transformers' generate, on two evaluation prompts, 48 tokens."""
+    model, tokenizer = embedded_bf16
+    drafts = {"auto": load_draft("auto", model), "eagle chain": load_draft(EMBEDDED_EAGLE, model),
+              "eagle-adaptive": load_draft("eagle-adaptive", model), "n-gram": load_draft("n-gram", model),
+              "trained draft": load_draft(sd.EMBEDDED_DRAFT, model)}
+    eos = tokenizer.eos_token_id
+    for p in first_per_task(load_prompts(), 1)[:2]:
+        x = chat_ids(tokenizer, p["prompt"])
+        ours = sd.autoregressive_generate(model, x, max_new_tokens=48, sampling=GREEDY, eos_token_id=eos).tokens
+        theirs = evaluate.transformers_generate(model, x, max_new_tokens=48, sampling=GREEDY, seed=0, eos=eos).tokens
+        assert torch.equal(ours, theirs)
+        for name, draft in drafts.items():
+            out = sd.speculative_generate(model, draft, x, gamma=4, max_new_tokens=48, sampling=GREEDY, eos_token_id=eos)
+            assert torch.equal(out.tokens, ours), name
+
+
+def test_auto_names_the_recommended_drafting(embedded_bf16, local_pairs):
+    model, _ = embedded_bf16
+    auto = load_draft("auto", model)
+    assert isinstance(auto, HybridTreeDraft) and auto.head.adaptive is not None and auto.head.width == 2
+    assert isinstance(load_draft("eagle-tree", model), EagleTreeDraft)
+    other, _ = sd.load_model(str(local_pairs / "tiny-4l"))
+    assert isinstance(load_draft("auto", other), LookupTreeDraft)  # no head for it: lookup trees
+    with pytest.raises(ValueError, match="needs an EAGLE head trained for this target"):
+        load_draft("hybrid-tree", other)
+    drafts, skipped = drafts_for_pair(model)
+    assert {"lookup tree", "EAGLE adaptive", "EAGLE tree", "hybrid tree (auto)"} <= set(drafts)
+    drafts, skipped = drafts_for_pair(other)
+    assert "lookup tree" in drafts and "EAGLE adaptive / tree / hybrid" in skipped
+
+
+def test_transformers_generate_greedy_matches_ours_on_a_tiny_llama():
+    model = tiny_llama(vocab=64, layers=2, seed=3)
+    x = torch.tensor([[1, 5, 9, 2, 7]])
+    ours = sd.autoregressive_generate(model, x, max_new_tokens=12, sampling=GREEDY).tokens
+    theirs = evaluate.transformers_generate(model, x, max_new_tokens=12, sampling=GREEDY, seed=0, eos=None)
+    assert torch.equal(theirs.tokens, ours) and theirs.stats.new_tokens == 12 and theirs.stats.total_seconds > 0
+    methods = evaluate.transformers_methods(model, tiny_llama(vocab=64, layers=1, seed=4))
+    assert set(methods) == {"transformers generate", "transformers prompt lookup", "transformers assisted (trained draft)"}
+
+
+def test_predicted_accepted_length_is_the_chain_formula_for_fixed_chains():
+    # rounds of a gamma-3 chain: accepted lengths (bonus included) 4, 1, 2, 4 -> per-position rates 3/4, 2/3, 2/2
+    accepted, depths = [4, 1, 2, 4], [3, 3, 3, 3]
+    want = 1 + 0.75 + 0.75 * 2 / 3 + 0.75 * 2 / 3 * 1.0
+    assert evaluate.predicted_accepted_length(accepted, depths, 3) == pytest.approx(want)
+    assert evaluate.predicted_accepted_length([1, 1], [0, 0], 3) == pytest.approx(1.0)  # nothing proposed
+
+
+def test_cost_model_table_puts_prediction_beside_measurement():
+    runs = pd.DataFrame([
+        {"method": "autoregressive", "task": "code", "temperature": 0.0, "gamma": 4},
+        {"method": "tree", "task": "code", "temperature": 0.0, "gamma": 4, "accepted_lengths": "3 1 3",
+         "proposed_lengths": "6 6 6", "tree_depths": "2 2 2", "nodes_per_round": 6.0, "draft_cost_per_round": 0.2,
+         "v": 1.3, "speedup": 1.4, "mean_accepted_length": 7 / 3}])
+    table = evaluate.cost_model(runs, {1: 1.0, 5: 1.1, 9: 1.3})
+    row = table.iloc[0]
+    assert row["v(nodes+1) model"] == pytest.approx(1.2)
+    assert row["predicted E[N]"] == pytest.approx(1 + 2 / 3 + 2 / 3)
+    assert row["predicted speedup"] == pytest.approx(theory.tree_speedup(1 + 4 / 3, 0.2, 1.2))
+
+
+def test_speed_goals_table():
+    rows = []
+    for t, ours, hf_lookup, hf_gen in ((0.0, [1.8, 1.7, 1.5, 0.9], [1.1, 1.0, 1.2, 1.0], 0.95), (1.0, [1.3] * 4, [1.0] * 4, 1.0)):
+        for task, a, b in zip(["code", "dialogue", "summarization", "translation"], ours, hf_lookup):
+            rows += [{"method": "hybrid", "task": task, "speedup": a, "temperature": t},
+                     {"method": "transformers prompt lookup", "task": task, "speedup": b, "temperature": t}]
+        rows.append({"method": "transformers generate", "task": "overall (median)", "speedup": hf_gen, "temperature": t})
+    per_task = pd.DataFrame(rows)
+    geo = per_task[per_task.task != "overall (median)"].groupby(["method", "temperature"]).speedup.apply(
+        lambda s: float(torch.tensor(s.values).log().mean().exp()))
+    overall = geo.reset_index().rename(columns={"speedup": "speedup_geomean_tasks"}).assign(task="overall (median)")
+    summary = pd.concat([per_task[per_task.method != "transformers generate"],
+                         per_task[per_task.method == "transformers generate"].assign(speedup_geomean_tasks=1.0),
+                         overall], ignore_index=True)
+    goals = evaluate.speed_goals(summary, "hybrid").set_index("goal")
+    assert goals.loc["greedy, slowest task", "measured"] == pytest.approx(0.9) and not goals.loc["greedy, slowest task", "met"]
+    assert goals.loc["temperature 1 geometric mean", "met"]
+    assert goals.loc["our baseline over transformers generate", "measured"] == pytest.approx(1 / 0.95)
+    assert goals.loc["over transformers prompt lookup (greedy)", "measured"] == pytest.approx(
+        geo[("hybrid", 0.0)] / geo[("transformers prompt lookup", 0.0)])
