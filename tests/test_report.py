@@ -126,3 +126,25 @@ def test_shipped_results_document_matches_the_committed_csvs():
     table = pd.read_csv(paths.results_dir() / "claims.csv", dtype=str, keep_default_na=False)
     for r in table.itertuples():
         assert f"**{r.verdict}**" in _row(shipped, r.claim)
+
+
+def test_speed_section_lists_every_method_the_goals_and_the_cost_model(tmp_path):
+    rows = []
+    for t in (0.0, 1.0):
+        for method, speeds in (("hybrid tree (auto)", [1.8, 1.2]), ("transformers prompt lookup", [1.1, 0.9])):
+            rows += [{"method": method, "task": task, "speedup": v, "temperature": t, "dtype": "bfloat16"}
+                     for task, v in zip(["code", "translation"], speeds)]
+            rows.append({"method": method, "task": "overall (median)", "speedup": 1.5, "temperature": t,
+                         "dtype": "bfloat16"})
+    pd.DataFrame(rows).to_csv(tmp_path / report.SUMMARY_CSV, index=False)
+    pd.DataFrame([{"goal": "greedy geometric mean over tasks", "wanted": ">= 1.6", "measured": 1.47, "met": False,
+                   "method": "hybrid tree (auto)", "target": "t", "draft": "d", "dtype": "bfloat16"}]).to_csv(
+        tmp_path / report.GOALS_CSV, index=False)
+    pd.DataFrame([{"method": "hybrid tree (auto)", "task": "code", "temperature": 0.0, "speedup": 1.8,
+                   "predicted speedup": 1.7}]).to_csv(tmp_path / report.COST_MODEL_CSV, index=False)
+    text = report.speed_section(tmp_path)
+    assert "| hybrid tree (auto) | 1.47 | 1.47 | 1.20 | 1.20 |" in text  # geomean of 1.8 and 1.2, slowest 1.2
+    assert "| transformers prompt lookup | 0.99 |" in text and "(bfloat16)" in text
+    assert "| greedy geometric mean over tasks | >= 1.6 | 1.47 | False | hybrid tree (auto) |" in text
+    assert "| hybrid tree (auto) | code | 1.80 | 1.70 |" in text
+    assert f"{report.NOT_MEASURED}: `{report.SUMMARY_CSV}`" in report.speed_section(tmp_path / "empty")

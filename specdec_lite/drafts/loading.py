@@ -16,8 +16,10 @@ from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDr
 
 
 def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
-    """A draft for ``target`` by name: ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the target's own layers,
-    middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
+    """A draft for ``target`` by name: ``"auto"`` (the recommended drafting: the hybrid lookup + EAGLE-head token
+    tree with an adaptive length, or lookup trees for a target without a head), ``"hybrid-tree"``, ``"eagle-tree"``,
+    ``"eagle-adaptive"``, ``"lookup-tree"`` (``TREE_DRAFTS``), ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the
+    target's own layers, middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
     with ``head_config.json``; refused when it was trained for another target), or else a draft model (package
     name, Hugging Face id or local path; its tokenizer must match the target's). Device and dtype default to
     the target's."""

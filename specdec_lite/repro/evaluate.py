@@ -310,7 +310,7 @@ def speedup_by_length(target, tokenizer, name: str, draft, prompts, lengths, gam
     return pd.DataFrame(rows)
 
 
-DEFAULT_DRAFTS = ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-medusa", "n-gram", "layer-skip")
+DEFAULT_DRAFTS = ("auto", "smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-medusa", "n-gram", "layer-skip")
 
 
 def main(argv=None):
@@ -319,7 +319,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
     parser.add_argument("--drafts", nargs="+", default=list(DEFAULT_DRAFTS),
-                        help="draft names, ids or folders (models, heads), or n-gram / layer-skip")
+                        help="draft names, ids or folders (models, heads), n-gram / layer-skip, or the tree and "
+                             "adaptive drafts auto / hybrid-tree / eagle-tree / eagle-adaptive / lookup-tree")
     parser.add_argument("--prompts", default=str(prompts_dir()))
     parser.add_argument("--prompts-per-task", type=int, default=5)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
