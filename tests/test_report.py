@@ -92,7 +92,7 @@ def test_document_carries_the_csv_numbers_and_a_verdict_per_claim(results, tmp_p
 def test_where_measured_reads_the_environment():
     text = report.where_measured(paths.results_dir())
     assert f"torch {torch.__version__}" in text and f"transformers {transformers.__version__}" in text
-    assert "float32" in text and "NVIDIA GPU" in text and "not run yet" in text
+    assert report.recorded_dtypes(paths.results_dir()) in text and "NVIDIA GPU" in text and "not run yet" in text
     fake = report.where_measured(paths.results_dir(), env=ENV)
     assert "Test CPU, 3 cores" in fake and "torch 9.9.9" in fake
 

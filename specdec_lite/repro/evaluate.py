@@ -73,11 +73,18 @@ def transformers_generate(target, x, *, max_new_tokens: int, sampling: SamplingP
     torch.manual_seed(seed)
     options = dict(do_sample=False) if sampling.greedy else dict(
         do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+    from transformers.utils import logging as hf_logging
+
     clock = Clock(target.device)
-    start = clock.now()
-    out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, eos_token_id=eos,
-                          pad_token_id=eos, repetition_penalty=sampling.repetition_penalty, **options, **assist)
-    seconds = clock.now() - start
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # assisted generation warns about its own internal generation_config use
+    try:
+        start = clock.now()
+        out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, eos_token_id=eos,
+                              pad_token_id=eos, repetition_penalty=sampling.repetition_penalty, **options, **assist)
+        seconds = clock.now() - start
+    finally:
+        hf_logging.set_verbosity(verbosity)
     tokens = out[0, x.shape[1]:].cpu()
     stats = GenerationStats(new_tokens=len(tokens), total_seconds=seconds, rounds=len(tokens))
     return Generation([tokens], stats)
