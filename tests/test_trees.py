@@ -190,3 +190,14 @@ def test_tree_requests_are_checked():
     with pytest.raises(NotImplementedError, match="repetition_penalty"):
         sd.speculative_generate(target, LookupTreeDraft(), torch.tensor(PROMPT), gamma=2, max_new_tokens=2,
                                 sampling=sd.SamplingParams(repetition_penalty=1.2))
+
+
+def test_a_static_cache_target_is_refused_before_any_work(tiny_pair):
+    target = tiny_llama(vocab=48, layers=1, seed=6)
+    sd.core.lm.use_static_cache(target, max_length=64)
+    calls = []
+    drafter = LookupTreeDraft()
+    drafter.propose_tree = lambda *a: calls.append(a)  # must never be reached
+    with pytest.raises(NotImplementedError, match="dynamic cache"):
+        sd.speculative_generate(target, drafter, _repetitive_prompt(), gamma=2, max_new_tokens=4)
+    assert not calls

@@ -297,6 +297,8 @@ def check_tree_request(input_ids, target_lm, drafter: Drafter, sampling: Samplin
         raise NotImplementedError("token trees do not support repetition_penalty; use a chain draft or penalty 1.0")
     if not hasattr(target_lm, "feed_tree"):
         raise TypeError(f"{type(target_lm).__name__} cannot score a token tree (no feed_tree)")
+    if hasattr(target_lm, "check_tree_support"):
+        target_lm.check_tree_support()
 
 
 def _tree_round(target_lm, drafter: Drafter, seq, lengths, gamma, sampling, generator, stats, clock):

@@ -179,14 +179,18 @@ class HFCausalLM:
         # the last entry of hidden_states is after the final norm: the output layer's input
         return (logits, out.hidden_states[-1].to(self.device, copy=compiled)) if return_hidden else logits
 
+    def check_tree_support(self) -> None:
+        """Token trees need the dynamic cache (a static cache's mask spans its preallocated length)."""
+        if self.static is not None:
+            raise NotImplementedError("token trees run with the dynamic cache; call use_dynamic_cache(model) or "
+                                      "load the model with cache='dynamic'")
+
     @torch.inference_mode()
     def feed_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
                   return_hidden: bool = False):
         """Feed tokens (1, F) with a 4-D additive attention ``mask`` and explicit ``position_ids`` (a token tree,
         ``tree.py``); logits (1, F, V) of every fed token (and their last hidden states with ``return_hidden``)."""
-        if self.static is not None:
-            raise NotImplementedError("token trees run with the dynamic cache; call use_dynamic_cache(model) or "
-                                      "load the model with cache='dynamic'")
+        self.check_tree_support()
         out = self.model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
                          output_hidden_states=return_hidden, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]

@@ -117,6 +117,13 @@ class TreeBuilder:
             self._index[key] = node
         return node
 
+    def copy(self) -> "TreeBuilder":
+        """An independent builder with the same nodes (for enumerating the trees a sampler can draw)."""
+        out = TreeBuilder(self.tokens[0])
+        out.tokens, out.parents, out.q, out.drawn = list(self.tokens), list(self.parents), list(self.q), list(self.drawn)
+        out._index = dict(self._index)
+        return out
+
     def add_chain(self, parent: int, tokens) -> list[int]:
         nodes = []
         for token in tokens:

@@ -55,6 +55,11 @@ class AdaptiveLength:
             self.threshold = min(self.high, self.threshold + self.step)
 
 
+def root_builder(seq, lengths) -> TreeBuilder:
+    """A tree under construction whose root is the newest token of the (batch-1) sequence."""
+    return TreeBuilder(int(seq[0, int(lengths[0]) - 1]))
+
+
 class EagleTreeDraft(Drafter):
     """The EAGLE head's chain, adaptive in length, with the next ``width - 1`` most likely tokens of each step as
     sibling leaves. Reuses an ``EagleDraft`` (its caches and feature bookkeeping)."""
@@ -78,10 +83,12 @@ class EagleTreeDraft(Drafter):
     def observe(self, hidden, first_position: int) -> None:
         self.eagle.observe(hidden, first_position)
 
-    def grow(self, builder: TreeBuilder, seq, lengths, gamma: int) -> int:
-        """Add the head's chain and its siblings under the root; returns the chain's length."""
+    def grow(self, builder: TreeBuilder, seq, lengths, gamma: int) -> None:
+        """Add the head's chain and its siblings under the root; the chain's length is kept for the adaptive
+        rule's update at the rollback."""
+        self._proposed, self._start = 0, int(lengths[0])
         if self.eagle.features is None:  # the target has not run yet: nothing to read
-            return 0
+            return
         predicted = self.eagle.catch_up(seq, lengths)
         L, parent, chain = int(lengths.max()), 0, 0
         for depth in range(gamma):
@@ -98,12 +105,12 @@ class EagleTreeDraft(Drafter):
                 pos = torch.tensor([L - 1 + depth], device=seq.device)
                 predicted = self.eagle.head(predicted[:, -1:], self.eagle.embed(torch.tensor([[token]], device=seq.device)),
                                             pos, self.eagle.cache)
-        return chain
+        self._proposed = chain
 
     @torch.inference_mode()
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
-        builder = TreeBuilder(int(seq[0, int(lengths[0]) - 1]))
-        self._proposed, self._start = self.grow(builder, seq, lengths, gamma), int(lengths[0])
+        builder = root_builder(seq, lengths)
+        self.grow(builder, seq, lengths, gamma)
         return builder.build()
 
     def rollback(self, kept: torch.Tensor) -> None:
@@ -147,15 +154,16 @@ class LookupTreeDraft(Drafter):
                     return found
         return found
 
-    def grow(self, builder: TreeBuilder, seq, lengths, gamma: int) -> int:
+    def grow(self, builder: TreeBuilder, seq, lengths, gamma: int) -> None:
+        """Add the lookup branches under the root; the first branch's length is kept for the adaptive update."""
         branches = self.continuations(seq, lengths, gamma)
         for cont in branches:
             builder.add_chain(0, cont)
-        return len(branches[0]) if branches else 0
+        self._proposed, self._start = (len(branches[0]) if branches else 0), int(lengths[0])
 
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
-        builder = TreeBuilder(int(seq[0, int(lengths[0]) - 1]))
-        self._proposed, self._start = self.grow(builder, seq, lengths, gamma), int(lengths[0])
+        builder = root_builder(seq, lengths)
+        self.grow(builder, seq, lengths, gamma)
         return builder.build()
 
     def update(self, accepted: int) -> None:
@@ -187,10 +195,9 @@ class HybridTreeDraft(Drafter):
 
     @torch.inference_mode()
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
-        builder = TreeBuilder(int(seq[0, int(lengths[0]) - 1]))
-        start = int(lengths[0])
-        self.lookup._proposed, self.lookup._start = self.lookup.grow(builder, seq, lengths, gamma), start
-        self.head._proposed, self.head._start = self.head.grow(builder, seq, lengths, gamma), start
+        builder = root_builder(seq, lengths)
+        self.lookup.grow(builder, seq, lengths, gamma)
+        self.head.grow(builder, seq, lengths, gamma)
         return builder.build()
 
     def rollback(self, kept: torch.Tensor) -> None:
@@ -217,7 +224,7 @@ class SampledTreeDraft(Drafter):
 
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
         L = int(lengths[0])
-        builder = TreeBuilder(int(seq[0, L - 1]))
+        builder = root_builder(seq, lengths)
         frontier = [(0, seq[0, :L])]
         for _ in range(min(gamma, self.depth)):
             nxt = []
@@ -244,7 +251,7 @@ class SampledTreeDraft(Drafter):
                              if all(q[t] > 0 for t in d)]
                     options.append([(node, ctx, q, d, float(torch.prod(q[list(d)]))) for d in draws])
                 for combo in itertools.product(*options):
-                    b = _copy_builder(builder)
+                    b = builder.copy()
                     new_frontier, pr = [], prob
                     for node, ctx, q, d, pd in combo:
                         pr *= pd
@@ -253,10 +260,3 @@ class SampledTreeDraft(Drafter):
                     grown.append((b, new_frontier, pr))
             results = grown
         return [(b.build(), pr) for b, _, pr in results]
-
-
-def _copy_builder(builder: TreeBuilder) -> TreeBuilder:
-    out = TreeBuilder(builder.tokens[0])
-    out.tokens, out.parents, out.q, out.drawn = list(builder.tokens), list(builder.parents), list(builder.q), list(builder.drawn)
-    out._index = dict(builder._index)
-    return out
