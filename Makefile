@@ -54,14 +54,14 @@ demo: setup
 bench: setup
 	$(BIN)/python -m specdec_lite.repro.bench
 
-# the GPU check (about 10 minutes on one GPU): needs only torch and transformers (a bare GPU machine has no
-# registry access, so no set-up step), plus pytest for the unit tests when it is there
+# the GPU check (about 10 minutes on one GPU): needs only torch, transformers and pytest (a bare GPU machine has no
+# registry access, so no set-up step); exits non-zero when a test fails or the tests cannot run
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
 	$(GPU_PYTHON) -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible to torch'"
-	if $(GPU_PYTHON) -c "import pytest" 2>/dev/null; then SPECDEC_TEST_DEVICE=cuda $(GPU_PYTHON) -m pytest -q \
-		-p no:cacheprovider tests/test_static_cache.py tests/test_loop.py tests/test_verify.py; \
-		else echo "pytest is not installed: unit tests skipped"; fi
+	$(GPU_PYTHON) -c "import pytest" || { echo "the GPU check runs unit tests: install pytest first"; exit 1; }
+	SPECDEC_TEST_DEVICE=cuda $(GPU_PYTHON) -m pytest -q -p no:cacheprovider \
+		tests/test_static_cache.py tests/test_loop.py tests/test_verify.py
 	$(GPU_PYTHON) -m specdec_lite.repro.gpu_bench --device cuda --out out/gpu_check
 
 clean:

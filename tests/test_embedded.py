@@ -63,13 +63,13 @@ def test_load_pair_gives_the_trained_draft(embedded):
     from specdec_lite.train.draft import directory_megabytes
     from specdec_lite.paths import drafts_dir
 
-    target, draft, tokenizer = sd.load_pair(device=DEVICE)
+    target, draft, tokenizer = sd.load_pair(device=DEVICE, dtype="float32")
     folder = drafts_dir() / sd.EMBEDDED_DRAFT
     assert directory_megabytes(folder) <= 25 and (folder / "README.md").exists()
     assert draft.config.vocab_size == target.config.vocab_size and len(tokenizer) == 49152
     plain = AutoModelForCausalLM.from_pretrained(folder)  # usable without specdec_lite
     assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in draft.parameters())
-    model, _ = sd.load_model(sd.EMBEDDED_DRAFT, device=DEVICE)  # the name works wherever a model name does
+    model, _ = sd.load_model(sd.EMBEDDED_DRAFT, device=DEVICE, dtype="float32")  # the name works wherever a model name does
     x = chat(tokenizer, PROMPTS[0])
     spec = sd.speculative_generate(target, draft, x, gamma=4, max_new_tokens=24, sampling=GREEDY,
                                    eos_token_id=tokenizer.eos_token_id)

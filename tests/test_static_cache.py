@@ -104,11 +104,11 @@ def test_device_map_splits_a_model_and_the_loop_still_agrees(local_pairs, monkey
     and greedy identity hold; a static cache is refused for it."""
     monkeypatch.setenv("SPECDEC_LITE_CACHE", str(tmp_path))
     path = str(local_pairs / "tiny-4l")
-    plain, _ = sd.load_model(path, device="cpu")
+    plain, _ = sd.load_model(path, device="cpu", dtype="float32")
     layout = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu",
               "model.layers.2": "cpu", "model.layers.3": "disk", "model.norm": "cpu", "model.rotary_emb": "cpu",
               "lm_head": "cpu"}
-    split, _ = sd.load_model(path, device_map=layout)
+    split, _ = sd.load_model(path, device_map=layout, dtype="float32")
     assert split.hf_device_map["model.layers.3"] == "disk"
     draft = sd.load_draft(str(local_pairs / "tiny-1l"), split)
     x = prompt(n=6)
@@ -129,7 +129,8 @@ def test_static_cache_with_offloaded_layers_is_refused():
 
 def test_a_draft_on_another_device_than_the_target_input_is_refused():
     target, draft = tiny_llama(layers=2, seed=8), tiny_llama(layers=1, seed=9).to("meta")
-    with pytest.raises(ValueError, match="the draft is on meta but the target takes its input on cpu; move"):
+    where = target.get_input_embeddings().weight.device  # cpu, or cuda:0 under SPECDEC_TEST_DEVICE=cuda
+    with pytest.raises(ValueError, match=f"the draft is on meta but the target takes its input on {where}; move"):
         sd.speculative_generate(target, draft, prompt(), gamma=2, max_new_tokens=4)
 
 

@@ -1,18 +1,21 @@
-"""Batch-invariant forwards: the logits of a position must not depend on how many tokens one forward carries.
+"""Batch-invariant forwards, on request: the logits of a position must not depend on how many tokens one forward
+carries.
 
-Greedy identity (speculative output == the target's own greedy output) needs the verification forward over
-k+1 tokens to give each position exactly the logits that a one-token decode step gives it. In float32 the two
-differ by about 1e-5 and the argmax practically never moves. In bfloat16 every layer rounds its output to 8 bits
-of mantissa, so any difference in the order of a sum grows into flipped argmaxes: measured on the embedded target
-on an AVX-512-BF16 CPU, speculative and plain greedy output differed in 14 of 24 runs.
+Greedy identity, token for token (speculative output == the target's own greedy output), needs the verification
+forward over k+1 tokens to give each position exactly the logits that a one-token decode step gives it. In
+float32 the two differ by about 1e-5 and the argmax practically never moves. In bfloat16 every layer rounds its
+output to 8 bits of mantissa, so a different order of a sum can grow into a flipped argmax: unpatched, greedy
+speculative and plain output on the embedded target part after some tokens in many runs (docs/SPEED.md has the
+measured agreement). The output *law* stays the target's either way: the verifier is exact for the distributions
+the verifying forward computes.
 
-Where the difference comes from (probed on that CPU, torch 2.13 / oneDNN): a bfloat16 matrix product whose inner
-dimension K is at most 1024 gives each row the same bits whatever the number of rows M; above that (the MLP's
-down projection, K = 1536) the library splits the sum differently for different M. ``make_batch_invariant``
-probes every linear layer's shape and replaces the ones that fail with ``SplitKLinear``: the product summed over
-chunks of K small enough to be invariant, accumulated in float32. The model's function changes by a rounding
-(the chunks' sum is rounded once more), the same for every forward, so ours-speculative, ours-autoregressive and
-transformers' ``generate`` on the patched model agree token for token (``tests/test_faster_drafting.py``).
+Which matrix products are batch-invariant is a property of the CPU's kernels, not of the model: on one AMD EPYC
+(AVX512-BF16) bfloat16 products with an inner dimension K <= 1024 were invariant and K = 1536 was not; on an Intel
+Xeon with AMX, K = 32, 576 and 1024 were not and 64, 128, 256 and 1536 were. So nothing here assumes a pattern:
+``make_batch_invariant`` probes each linear layer's shape at every forward width the loop uses and picks, per
+shape, the first way of computing it that passes (``WAYS``): as it is; as a sum over 2 or 4 chunks of K;
+in float32 and rounded back; as a sum over smaller chunks. A shape no way makes invariant is refused with an
+error that says what to do. Attention is computed in float64 from the model's q, k and v.
 
 This is the CPU counterpart of the batch-invariant kernels of He et al. 2025 ("Defeating Nondeterminism in LLM
 Inference", Thinking Machines Lab), done at the level of layers instead of kernels.
@@ -23,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-PROBE_ROWS = (2, 3, 5, 9, 16, 33)  # forward widths probed: decode (1), chains and trees (2..33)
+PROBE_WIDTHS = tuple(range(2, 34))  # forward widths a row must be invariant across: chains and trees of <= 32 nodes
+MIN_CHUNK = 64  # the smallest chunk of K tried
 ATTENTION = "specdec_float64"  # the attention implementation registered below
 
 
@@ -54,17 +58,6 @@ def register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION, eager_mask)  # an additive float mask, always materialized
 
 
-def rows_are_invariant(weight: torch.Tensor, rows=PROBE_ROWS, seed: int = 0) -> bool:
-    """True when ``F.linear`` with this weight gives each input row the same bits alone or among ``rows`` rows."""
-    generator = torch.Generator().manual_seed(seed)
-    for m in rows:
-        x = torch.randn(m, weight.shape[1], generator=generator).to(weight)
-        alone = torch.cat([F.linear(x[i: i + 1], weight) for i in range(m)])
-        if not torch.equal(alone, F.linear(x, weight)):
-            return False
-    return True
-
-
 class SplitKLinear(nn.Module):
     """A linear layer computed as a sum over chunks of its inner dimension, each chunk a batch-invariant
     product; the partial sums are added in float32 and rounded once to the layer's dtype."""
@@ -83,41 +76,81 @@ class SplitKLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-def invariant_chunk(weight: torch.Tensor) -> int | None:
-    """The largest chunk of K (a divisor of K, halving) whose products are batch-invariant; None if none is."""
-    K = weight.shape[1]
-    chunk = K
-    while chunk >= 64:
-        if K % chunk == 0 and rows_are_invariant(weight[:, :chunk]):
-            return chunk
-        chunk //= 2
+class Float32Linear(nn.Module):
+    """A linear layer computed in float32 (a float32 copy of its weight) and rounded to the input's dtype."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight32 = linear.weight.detach().float()
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x):
+        out = F.linear(x.float(), self.weight32).to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+
+def rows_are_invariant(layer: nn.Module, weight: torch.Tensor, widths=PROBE_WIDTHS, seed: int = 0) -> bool:
+    """True when ``layer`` (computing a product with ``weight``) gives each input row the same bits alone as among
+    the first m rows, for every m in ``widths``. Inputs are random, in the weight's dtype, on its device."""
+    x = torch.randn(max(widths), weight.shape[1], generator=torch.Generator().manual_seed(seed)).to(weight)
+    with torch.no_grad():
+        alone = torch.cat([layer(x[i: i + 1]) for i in range(len(x))])
+        return all(torch.equal(alone[:m], layer(x[:m])) for m in widths)
+
+
+def ways(linear: nn.Linear) -> dict:
+    """{name: function making the layer computed that way} for ``linear``, cheapest expected first: as it is, in 2
+    or 4 equal chunks of K, in float32, then in chunks of 1024, 512, ..., 64 (the last chunk takes the rest)."""
+    K = linear.in_features
+    coarse = [K // n for n in (2, 4) if K % n == 0 and K // n >= MIN_CHUNK]
+    fine = [c for c in (1024, 512, 256, 128, MIN_CHUNK) if c < K and c not in coarse]
+
+    def split(chunk):
+        return f"{-(-K // chunk)} chunks of {chunk}", lambda: SplitKLinear(linear, chunk)
+
+    return dict([("as is", lambda: linear), *map(split, coarse), ("float32", lambda: Float32Linear(linear)),
+                 *map(split, fine)])
+
+
+def first_invariant_way(linear: nn.Linear, probe=rows_are_invariant) -> str | None:
+    """The name of the first of ``ways(linear)`` whose layer ``probe(layer, linear.weight)`` passes, or None.
+    ``probe``: the invariance test (another one simulates another CPU's kernels)."""
+    for name, make in ways(linear).items():
+        if probe(make(), linear.weight.detach()):
+            return name
     return None
 
 
-def make_batch_invariant(model: nn.Module) -> list[str]:
-    """Switch the model's attention to ``float64_attention`` and replace, in place, the linear layers whose products are not batch-invariant on this device by
-    ``SplitKLinear``; returns the names of the replaced layers. Shapes are probed once each. Raises when some
-    layer cannot be made invariant (then use float32, where the argmax does not move)."""
-    verdicts: dict = {}  # (out, in) -> the chunk of K, or "as is"
-    replaced = []
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if type(child) is not nn.Linear:
-                continue
-            shape = tuple(child.weight.shape)
-            if shape not in verdicts:
-                weight = child.weight.detach()
-                verdicts[shape] = "as is" if rows_are_invariant(weight) else invariant_chunk(weight)
-                if verdicts[shape] is None:
-                    raise RuntimeError(f"a {shape} linear layer in {weight.dtype} is not batch-invariant here in any "
-                                       "chunking; load the model in float32")
-            if verdicts[shape] != "as is":
-                setattr(module, child_name, SplitKLinear(child, verdicts[shape]))
-                replaced.append(f"{name}.{child_name}" if name else child_name)
+def make_batch_invariant(model: nn.Module, probe=rows_are_invariant) -> dict:
+    """Make every position's logits independent of the forward's width: attention in float64, and each linear
+    layer computed the first way that ``probe`` finds invariant (``first_invariant_way``; one probe per
+    shape). Changes the model in place; returns {layer name: way} for the layers not kept as they are. Raises,
+    before changing anything, when a layer has no invariant way on this machine."""
+    chosen: dict = {}  # (out, in) -> way name, or None when no way is invariant
+    linears = [(parent, child_name, child) for parent in model.modules()
+               for child_name, child in parent.named_children() if type(child) is nn.Linear]
+    for _, _, linear in linears:
+        shape = tuple(linear.weight.shape)
+        if shape not in chosen:
+            chosen[shape] = first_invariant_way(linear, probe)
+            if chosen[shape] is None:
+                raise RuntimeError(
+                    f"batch_invariant=True cannot hold here: a {shape} linear layer in {linear.weight.dtype} gives "
+                    "different bits for a row alone and among others on this CPU, as it is, in chunks and in "
+                    "float32. Load with batch_invariant=False (the output law is still exact; greedy output may "
+                    "part from plain decoding after some tokens) or with dtype='float32'")
+    names = {id(m): n for n, m in model.named_modules()}
+    changed = {}
+    for parent, child_name, linear in linears:
+        way = chosen[tuple(linear.weight.shape)]
+        if way != "as is":
+            setattr(parent, child_name, ways(linear)[way]())
+            changed[f"{names[id(parent)]}.{child_name}".lstrip(".")] = way
     register_attention()
     model.set_attn_implementation(ATTENTION)
     model._specdec_batch_invariant = True
-    return replaced
+    return changed
 
 
 def is_batch_invariant(model: nn.Module) -> bool:

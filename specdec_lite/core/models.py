@@ -58,30 +58,49 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 
 
-def cpu_has_native_bfloat16() -> bool:
-    """True when this CPU has bfloat16 dot-product instructions (AVX512-BF16 or AMX) that oneDNN uses."""
+def cpu_flags() -> set[str]:
+    """The instruction-set flags /proc/cpuinfo lists for this CPU (empty where it cannot be read)."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return False
-    return (" avx512_bf16" in flags or " amx_bf16" in flags) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return set()
+    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
 
 
-def auto_dtype(device: torch.device) -> torch.dtype:
-    """The dtype ``"auto"`` means on ``device``: the one the target decodes fastest in, keeping greedy identity.
+def has_native_bfloat16(flags: set[str]) -> bool:
+    """True for a CPU with bfloat16 dot-product instructions (AVX512-BF16 or AMX), which oneDNN uses."""
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+def cpu_has_native_bfloat16() -> bool:
+    """``has_native_bfloat16`` of this CPU, where this torch build can use it."""
+    return has_native_bfloat16(cpu_flags()) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def auto_dtype(device: torch.device, native_bfloat16: bool | None = None) -> torch.dtype:
+    """The dtype ``"auto"`` means on ``device``: the one the target decodes fastest in.
 
     - CUDA: bfloat16 where supported, else float16. MPS: float16.
-    - CPU with native bfloat16 (AVX512-BF16, AMX): bfloat16, made batch-invariant by ``load_model``
-      (``batch_invariance.make_batch_invariant``). Measured on the embedded target (2-core AMD EPYC): a decode step about
-      40 ms against about 61 ms in float32, and a 5-token verification forward about 1.1 steps against 1.7.
-      Without the batch-invariant layers, bfloat16 broke greedy identity in 14 of 24 runs.
+    - CPU with native bfloat16 (``native_bfloat16``, by default ``cpu_has_native_bfloat16()``): bfloat16, as it is
+      (not batch-invariant). Measured on the embedded target: a decode step 21 ms against 37 ms in float32 on a
+      2-core AMD EPYC, 36.8 against 34.3 ms on a 2-core Xeon with AMX; there, speculative decoding is still fastest
+      in bfloat16, where a 5-token verification forward costs about 1.1 steps against 1.4-1.7 in float32.
     - other CPUs: float32 (bfloat16 is emulated there and slower).
     """
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "mps":
         return torch.float16
-    return torch.bfloat16 if cpu_has_native_bfloat16() else torch.float32
+    if native_bfloat16 is None:
+        native_bfloat16 = cpu_has_native_bfloat16()
+    return torch.bfloat16 if native_bfloat16 else torch.float32
+
+
+def native_dtypes(device: torch.device) -> list[torch.dtype]:
+    """The dtypes ``device`` computes natively: float32, plus its half precision where it has one. The fastest
+    plain decoding (the baseline of every speedup) is looked for among these."""
+    half = auto_dtype(device)
+    return [torch.float32] if half == torch.float32 else [torch.float32, half]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -208,13 +227,16 @@ def looks_like_hub_id(name: str) -> bool:
 
 def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto",
                *, device_map=None, cache: str = "dynamic", max_cache_len: int = 2048, compile: bool = False,
-               batch_invariant: bool | None = None):
+               batch_invariant: bool = False):
     """(model, tokenizer) for a package name (``"smollm2-135m-instruct"``), a Hugging Face id or a local path.
 
     dtype: ``"auto"`` (the default, also None) is the device's rule in ``auto_dtype`` (bfloat16 on CPUs with
-    native bfloat16 and on CUDA, else float32 on the CPU); or a name or torch dtype. ``batch_invariant`` (None:
-    yes for bfloat16/float16 on the CPU) patches the model so a position's logits do not depend on the width of
-    the forward (``batch_invariance.make_batch_invariant``), which greedy identity needs in half precision. ``device_map`` ("auto" or a dict, through
+    native bfloat16 and on CUDA, else float32 on the CPU); or a name or torch dtype. ``batch_invariant=True``
+    patches the model so a position's logits do not depend on the width of the forward
+    (``batch_invariance.make_batch_invariant``): greedy speculative output is then identical, token for token, to
+    plain greedy decoding in half precision too, at some cost per step; it raises where this CPU's kernels make it
+    impossible. By default models run as they are (exact output law; in half precision greedy output may part
+    from plain decoding after some tokens, docs/SPEED.md). ``device_map`` ("auto" or a dict, through
     accelerate) spreads a model too large for one device over several (``device`` is then ignored).
     ``cache="static"`` preallocates ``max_cache_len`` tokens (``lm.use_static_cache``), ``compile=True`` compiles
     its decode forwards (CUDA graphs on a GPU). The weights and cache are checked against free memory before
@@ -246,8 +268,6 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
         offload = cache_dir() / "offload" / Path(path).name  # where layers mapped to "disk" are kept
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map,
                                                      offload_folder=str(offload)).eval()
-    if batch_invariant is None:
-        batch_invariant = devices[0].type == "cpu" and dtype != torch.float32
     if batch_invariant:
         make_batch_invariant(model)
     if cache == "static":
