@@ -254,10 +254,13 @@ def row(pair: Pair, notebook: str, outcome: str, reason: str, seconds, folder: P
 
 
 def comparison(status: list[dict]):
-    """One table over the pairs: every run's task_acceptance_summary.csv (03), with its pair label."""
+    """One table over the pairs: every run's task_acceptance_summary.csv (03), with its pair label. speedup is over
+    the fastest plain decoding of that pair's run (named in baseline), speedup_same_config over ours plain in the
+    run's own configuration."""
     import pandas as pd
 
-    cols = ["pair", "method", "task", "temperature", "alpha", "mean_accepted_length", "c", "speedup", "dtype"]
+    cols = ["pair", "method", "kind", "task", "temperature", "alpha", "mean_accepted_length", "c", "speedup",
+            "baseline", "speedup_same_config", "dtype"]
     frames = [pd.read_csv(Path(r["results"]) / "task_acceptance_summary.csv").assign(pair=r["pair"])
               for r in status if r["notebook"].startswith("03") and r["status"] == "ok"]
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
@@ -273,7 +276,8 @@ def comparison_figure(table, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, column in zip(axes, ["alpha", "mean_accepted_length", "speedup"]):
         sns.barplot(data=overall, x="pair", y=column, hue="method", errorbar=None, ax=ax)
-        ax.set(title=f"{column} (median over prompts, all temperatures)", xlabel="")
+        over = " over the fastest plain decoding" if column == "speedup" else ""
+        ax.set(title=f"{column}{over} (median over prompts, all temperatures)", xlabel="")
         ax.tick_params(axis="x", rotation=20)
     axes[2].axhline(1, color="grey", ls="--")
     fig.tight_layout()

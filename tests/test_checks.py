@@ -141,20 +141,20 @@ def test_c11_tasks():
     article = [0.85, 0.75, 0.55, 0.80]
     speedups = pd.Series([1.2, 1.1, 0.9, 1.0], index=tasks)
     good = pd.Series([0.9, 0.7, 0.5, 0.8], index=tasks)  # same order, within 0.1
-    assert checks.c11_tasks("n-gram", good, article, speedups).verdict == R
-    assert checks.c11_tasks("n-gram", good - 0.2, article, speedups).verdict == D  # magnitude
-    assert checks.c11_tasks("n-gram", pd.Series([0.9, 0.5, 0.7, 0.8], index=tasks), article, speedups).verdict == D
-    assert checks.c11_tasks("n-gram", good.where(good > 0.6), article, speedups).verdict == D  # a task missing
+    assert checks.c11_tasks("n-gram", good, article, speedups, "ours plain, float32").verdict == R
+    assert checks.c11_tasks("n-gram", good - 0.2, article, speedups, "ours plain, float32").verdict == D  # magnitude
+    assert checks.c11_tasks("n-gram", pd.Series([0.9, 0.5, 0.7, 0.8], index=tasks), article, speedups, "ours plain, float32").verdict == D
+    assert checks.c11_tasks("n-gram", good.where(good > 0.6), article, speedups, "ours plain, float32").verdict == D  # a task missing
     flat = pd.Series([0.0] * 4, index=tasks)  # no order at all (a random pair): differs, without a warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert checks.c11_tasks("n-gram", flat, article, speedups).verdict == D
+        assert checks.c11_tasks("n-gram", flat, article, speedups, "ours plain, float32").verdict == D
 
 
 def test_c21_heads_order():
-    row = checks.c21_heads_order({"Medusa heads": 0.9, "EAGLE head": 1.1, "n-gram": 1.2})
+    row = checks.c21_heads_order({"Medusa heads": 0.9, "EAGLE head": 1.1, "n-gram": 1.2}, "ours plain, float32")
     assert row.verdict == R and row.measured.endswith("n-gram 1.20x, EAGLE head 1.10x, Medusa heads 0.90x")
-    assert checks.c21_heads_order({"Medusa heads": 1.2, "EAGLE head": 1.1}).verdict == D
+    assert checks.c21_heads_order({"Medusa heads": 1.2, "EAGLE head": 1.1}, "ours plain").verdict == D
 
 
 def test_c18_along_output():
@@ -164,8 +164,9 @@ def test_c18_along_output():
 
 
 def test_c14_short_outputs():
-    table = pd.DataFrame({"max_new_tokens": [16, 128], "speedup": [1.0, 1.2]})
-    assert checks.c14_short_outputs("n-gram", table).verdict == R
+    table = pd.DataFrame({"max_new_tokens": [16, 128], "speedup": [1.0, 1.2], "baseline": "ours plain, float32"})
+    row = checks.c14_short_outputs("n-gram", table)
+    assert row.verdict == R and "over ours plain, float32" in row.measured
     assert checks.c14_short_outputs("n-gram", table.assign(speedup=[1.06, 1.04])).verdict == D
     assert checks.c14_short_outputs("n-gram", table.assign(speedup=[1.15, 1.5])).verdict == D
 

@@ -190,21 +190,21 @@ def test_cost_model_table_puts_prediction_beside_measurement():
 
 def test_speed_goals_table():
     rows = []
-    for t, ours, hf_lookup, hf_gen in ((0.0, [1.8, 1.7, 1.5, 0.9], [1.1, 1.0, 1.2, 1.0], 0.95), (1.0, [1.3] * 4, [1.0] * 4, 1.0)):
+    for t, ours, hf_lookup in ((0.0, [2.4, 2.2, 1.9, 1.1], [1.1, 1.0, 1.2, 1.0]), (1.0, [1.6] * 4, [1.0] * 4)):
         for task, a, b in zip(["code", "dialogue", "summarization", "translation"], ours, hf_lookup):
-            rows += [{"method": "hybrid", "task": task, "speedup": a, "temperature": t},
+            rows += [{"method": "hybrid", "task": task, "speedup": a, "temperature": t, "mean_accepted_length": 3.0},
                      {"method": "transformers prompt lookup", "task": task, "speedup": b, "temperature": t}]
-        rows.append({"method": "transformers generate", "task": "overall (median)", "speedup": hf_gen, "temperature": t})
     per_task = pd.DataFrame(rows)
-    geo = per_task[per_task.task != "overall (median)"].groupby(["method", "temperature"]).speedup.apply(
-        lambda s: float(torch.tensor(s.values).log().mean().exp()))
-    overall = geo.reset_index().rename(columns={"speedup": "speedup_geomean_tasks"}).assign(task="overall (median)")
-    summary = pd.concat([per_task[per_task.method != "transformers generate"],
-                         per_task[per_task.method == "transformers generate"].assign(speedup_geomean_tasks=1.0),
-                         overall], ignore_index=True)
+    geo = per_task.groupby(["method", "temperature"]).speedup.apply(lambda s: float(torch.tensor(s.values).log().mean().exp()))
+    overall = geo.reset_index().rename(columns={"speedup": "speedup_geomean_tasks"}).assign(
+        task="overall (median)", mean_accepted_length=3.6)
+    summary = pd.concat([per_task, overall], ignore_index=True).assign(baseline="autoregressive, float32")
     goals = evaluate.speed_goals(summary, "hybrid").set_index("goal")
-    assert goals.loc["greedy, slowest task", "measured"] == pytest.approx(0.9) and not goals.loc["greedy, slowest task", "met"]
+    assert goals.loc["greedy geometric mean over tasks", "measured"] == pytest.approx(geo[("hybrid", 0.0)])
+    assert not goals.loc["greedy geometric mean over tasks", "met"]  # (2.4 * 2.2 * 1.9 * 1.1) ** 0.25 = 1.82 < 2
+    assert goals.loc["greedy, slowest task", "measured"] == pytest.approx(1.1) and not goals.loc["greedy, slowest task", "met"]
+    assert goals.loc["greedy mean accepted length (tau)", "measured"] == pytest.approx(3.6)
     assert goals.loc["temperature 1 geometric mean", "met"]
-    assert goals.loc["our baseline over transformers generate", "measured"] == pytest.approx(1 / 0.95)
     assert goals.loc["over transformers prompt lookup (greedy)", "measured"] == pytest.approx(
         geo[("hybrid", 0.0)] / geo[("transformers prompt lookup", 0.0)])
+    assert set(goals.baseline) == {"autoregressive, float32"}

@@ -61,9 +61,25 @@ def test_the_smoke_benchmark_writes_its_csv_and_figure(tmp_path):
         assert all(r[f"predicted speedup a={a}"] > 0 and r[f"speculative tokens/s a={a}"] > 0
                    for a in gpu_bench.ACCEPTANCES)
         assert r["transformers generate tokens/s"] > 0 and r["transformers assisted tokens/s"] > 0
+        fastest = max([x["ours autoregressive tokens/s"] for x in rows] + [r["transformers generate tokens/s"]])
+        assert r["baseline tokens/s"] == fastest  # float32 run: no other dtype to try
+        assert r["speedup a=0.8"] == pytest.approx(r["speculative tokens/s a=0.8"] / fastest)
     path = gpu_bench.write_csv(rows, tmp_path / "gpu_check.csv")
     with open(path) as f:
         assert len(list(csv.DictReader(f))) == 2
     assert gpu_bench.write_figure(rows, tmp_path / "gpu_check.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="unknown paths"):
         gpu_bench.run("cpu", "tiny", ("eager",), "float32")
+
+
+def test_speedups_are_over_the_fastest_plain_decoding_of_any_path_or_dtype():
+    def row(path, ours):
+        return {"path": path, "dtype": "bfloat16", "ours autoregressive tokens/s": ours,
+                "transformers generate tokens/s": 90.0, **{f"speculative tokens/s a={a}": 200.0 for a in gpu_bench.ACCEPTANCES}}
+    rows = [row("eager-dynamic", 80.0), row("static-compiled", 150.0)]
+    gpu_bench.add_baseline(rows, {"transformers generate (float32)": 60.0})
+    assert {r["baseline"] for r in rows} == {"ours autoregressive (static-compiled, bfloat16)"}
+    assert [r["speedup a=0.8"] for r in rows] == pytest.approx([200 / 150, 200 / 150])
+    rows = [row("eager-dynamic", 80.0)]
+    gpu_bench.add_baseline(rows, {"transformers generate (float32)": 120.0})
+    assert rows[0]["baseline"] == "transformers generate (float32)" and rows[0]["speedup a=0.6"] == pytest.approx(200 / 120)

@@ -77,7 +77,7 @@ def test_document_carries_the_csv_numbers_and_a_verdict_per_claim(results, tmp_p
     # per-task tables: alpha, speedup, geometric mean, acceptance by position, set-up read from the runs
     assert "| 0.0 | code | 0.42 | 0.61 |" in text and "| 1.0 | dialogue | 0.43 | 0.62 |" in text
     assert "| 0.0 | overall (geometric mean of tasks) | 1.34 | 1.99 |" in text
-    assert "0.78" in text and "gamma 5" in text and "up to 96 new tokens" in text
+    assert "0.78" in text and "gamma 5" in text and "96 new tokens a run (EOS ignored while timing)" in text
     assert "3 prompts from" in text and "code 2, dialogue 1" in text
     assert "6 of 6 greedy speculative outputs identical" in text
     # analysis computed from the summary
@@ -132,10 +132,10 @@ def test_speed_section_lists_every_method_the_goals_and_the_cost_model(tmp_path)
     rows = []
     for t in (0.0, 1.0):
         for method, speeds in (("hybrid tree (auto)", [1.8, 1.2]), ("transformers prompt lookup", [1.1, 0.9])):
-            rows += [{"method": method, "task": task, "speedup": v, "temperature": t, "dtype": "bfloat16"}
-                     for task, v in zip(["code", "translation"], speeds)]
+            rows += [{"method": method, "task": task, "speedup": v, "temperature": t, "dtype": "bfloat16",
+                      "baseline": "autoregressive, float32"} for task, v in zip(["code", "translation"], speeds)]
             rows.append({"method": method, "task": "overall (median)", "speedup": 1.5, "temperature": t,
-                         "dtype": "bfloat16"})
+                         "dtype": "bfloat16", "baseline": "autoregressive, float32"})
     pd.DataFrame(rows).to_csv(tmp_path / report.SUMMARY_CSV, index=False)
     pd.DataFrame([{"goal": "greedy geometric mean over tasks", "wanted": ">= 1.6", "measured": 1.47, "met": False,
                    "method": "hybrid tree (auto)", "target": "t", "draft": "d", "dtype": "bfloat16"}]).to_csv(
@@ -144,7 +144,8 @@ def test_speed_section_lists_every_method_the_goals_and_the_cost_model(tmp_path)
                    "predicted speedup": 1.7}]).to_csv(tmp_path / report.COST_MODEL_CSV, index=False)
     text = report.speed_section(tmp_path)
     assert "| hybrid tree (auto) | 1.47 | 1.47 | 1.20 | 1.20 |" in text  # geomean of 1.8 and 1.2, slowest 1.2
-    assert "| transformers prompt lookup | 0.99 |" in text and "(bfloat16)" in text
+    assert "| transformers prompt lookup | 0.99 |" in text and "run in bfloat16" in text
+    assert "the fastest plain decoding measured in the same run (autoregressive, float32)" in text
     assert "| greedy geometric mean over tasks | >= 1.6 | 1.47 | False | hybrid tree (auto) |" in text
     assert "| hybrid tree (auto) | code | 1.80 | 1.70 |" in text
     assert f"{report.NOT_MEASURED}: `{report.SUMMARY_CSV}`" in report.speed_section(tmp_path / "empty")

@@ -117,6 +117,7 @@ def test_weight_bytes():
 def runs_frame():
     return pd.DataFrame({
         "method": ["autoregressive", "n-gram", "n-gram", "EAGLE head"],
+        "kind": ["plain", "speculative", "speculative", "speculative"],
         "temperature": [0.0, 0.0, 1.0, 0.0], "task": ["code"] * 4,
         "accept_pos1": [np.nan, 0.5, 0.7, 0.2], "accept_pos2": [np.nan, 1.0, 0.3, 0.4],
         # rounds start at 0, 5, 6 (bucket 0) and 9, 14 (bucket 8) with bucket 8
@@ -145,6 +146,7 @@ def test_acceptance_by_position_table():
 
 def test_article003_side_by_side_best_method_and_geomean():
     summary = pd.DataFrame({"method": ["n-gram", "n-gram", "EAGLE head", "n-gram", "EAGLE head"],
+                            "kind": "speculative",
                             "task": ["code", "dialogue", "code", "overall (median)", "overall (median)"],
                             "alpha": [0.4, 0.3, 0.5, 0.35, 0.5], "speedup": [1.2, 1.0, 0.9, 1.1, 0.9],
                             "speedup_geomean_tasks": [np.nan, np.nan, np.nan, math.sqrt(1.2), 0.9],

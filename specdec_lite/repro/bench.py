@@ -1,40 +1,32 @@
-"""Timing harness: ours against transformers, side by side, in one run.
+"""Timing harness: every configuration of the target side by side in one run, against the fastest plain decoding.
 
-    python -m specdec_lite.repro.bench [--device cpu] [--max-new-tokens 64] [--repeats 3] [--gamma 4]
+    python -m specdec_lite.repro.bench [--prompts-per-task 2] [--max-new-tokens 96] [--temperatures 0 1]
 
-Three comparisons on the embedded target, greedy, each on the same prompts in alternating order:
-  1. our autoregressive baseline vs transformers' ``generate``;
-  2. our speculative decoding with the n-gram draft vs transformers' prompt lookup (``prompt_lookup_num_tokens``);
-  3. our speculative decoding with a draft model vs transformers' assisted generation with the same draft
-     (the target's first layers as a standalone model: the layer-skip draft's weights, ``num_assistant_tokens``
-     constant at gamma).
-Outputs are checked identical under greedy. Reports medians of tokens/s over prompts x repeats, the spread
-(25th-75th percentile) and the ratio of medians. The machine is noisy: compare ratios, not absolute times.
+Configurations: the target loaded as it is in each dtype the device computes natively (float32, plus bfloat16 or
+float16 where native), and in half precision also made batch-invariant (``load_model(batch_invariant=True)``,
+where this CPU allows it). Methods in each: ours autoregressive, ours with ``load_draft("auto")``, and, on the
+models as they load, transformers' ``generate`` and prompt lookup. The project's evaluation prompts, every run
+exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first, interleaved per prompt
+(``evaluate.run_prompts``). The table gives, per temperature, the median ms per token, the median per-prompt
+speed over the fastest plain decoding of the run (``baseline``), and for greedy runs how many outputs are token
+for token those of plain decoding of the same configuration. The machine is noisy: compare ratios from one run.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 
 import pandas as pd
 import torch
 
-from ..core.decode import Clock, autoregressive_generate, speculative_generate
+from ..core.decode import Clock
 from ..core.lm import HFCausalLM
-from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, dtype_name, load_model, resolve_device, resolve_dtype
+from ..core.models import EMBEDDED_TARGET, dtype_name, load_model, native_dtypes, resolve_device
 from ..core.sampling import SamplingParams
-from ..drafts.layer_skip import LayerSkipDraft
-from ..drafts.ngram import NGramDraft
-from .tasks import chat_ids
-
-BENCH_PROMPTS = [
-    "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples.",
-    "Repeat the following list in reverse order, one item per line: apple, banana, cherry, date, elderberry, fig.",
-    "Explain in three sentences why the sky is blue.",
-]
-GREEDY = SamplingParams(temperature=0)
+from ..drafts.loading import load_draft
+from . import baseline
+from .tasks import TASKS, load_prompts
 
 
 def timed(fn, device, clock=None):
@@ -46,79 +38,60 @@ def timed(fn, device, clock=None):
     return result, now() - start
 
 
-def summarize(times: dict, tokens: dict) -> pd.DataFrame:
-    rows = []
-    for name, ts in times.items():
-        rates = [n / t for n, t in zip(tokens[name], ts)]
-        q = statistics.quantiles(rates, n=4) if len(rates) > 1 else [rates[0]] * 3
-        rows.append({"method": name, "median tokens/s": statistics.median(rates), "p25": q[0], "p75": q[2],
-                     "runs": len(rates)})
-    return pd.DataFrame(rows)
+def configurations(name: str, device) -> dict:
+    """{label: model}: the target as it loads in each native dtype, and each half precision made batch-invariant
+    (left out, with a line saying why, where this CPU's kernels do not allow it)."""
+    out = {}
+    for dtype in native_dtypes(device):
+        out[dtype_name(dtype)], _ = load_model(name, device, dtype)
+        if dtype != torch.float32:
+            try:
+                model, _ = load_model(name, device, dtype, batch_invariant=True)
+                out[baseline.configuration(model)] = model
+            except RuntimeError as err:
+                print(f"{dtype_name(dtype)} batch-invariant left out: {err}")
+    return out
 
 
-def compare(methods: dict, prompts, repeats: int, device) -> tuple[pd.DataFrame, bool]:
-    """Run every method on every prompt ``repeats`` times, interleaved; check greedy outputs are identical."""
-    times = {name: [] for name in methods}
-    tokens = {name: [] for name in methods}
-    identical = True
-    for x in prompts:
-        for name, fn in methods.items():  # warm-up
-            fn(x)
-        for r in range(repeats):
-            order = list(methods) if r % 2 == 0 else list(reversed(methods))
-            outputs = {}
-            for name in order:
-                out, seconds = timed(lambda: methods[name](x), device)
-                outputs[name] = out
-                times[name].append(seconds)
-                tokens[name].append(len(out))
-            first = next(iter(outputs.values()))
-            identical &= all(torch.equal(first, o) for o in outputs.values())
-    return summarize(times, tokens), identical
+def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),
+        gamma=4, seed=0, progress=True) -> pd.DataFrame:
+    """Every (configuration, method) on the same prompts, one row per run, with the speed over the fastest plain
+    decoding of the whole run (columns baseline, speedup) and, within a configuration, over its own plain
+    decoding (speedup_same_config)."""
+    from .evaluate import time_prompts, transformers_methods
 
-
-def run(device="auto", max_new_tokens=64, repeats=3, gamma=4, exit_layer=10, dtype="auto") -> pd.DataFrame:
     device = resolve_device(device)
-    model, tokenizer = load_model(EMBEDDED_TARGET, device=device, dtype=dtype)
-    eos = tokenizer.eos_token_id
-    prompts = [chat_ids(tokenizer, p, device) for p in BENCH_PROMPTS]
-    hf_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos)
-
-    def hf(x, **kw):
-        return model.generate(x, attention_mask=torch.ones_like(x), **hf_kwargs, **kw)[0, x.shape[1]:].cpu()
-
-    ngram = NGramDraft(max_ngram=3)
-    layer_skip = LayerSkipDraft(model, exit_layer=exit_layer)
-    assistant = copy.copy(layer_skip.lm.model)  # the same weights, as a standalone transformers model
-    assistant.generation_config = copy.deepcopy(model.generation_config)
-    assistant.generation_config.num_assistant_tokens = gamma
-    assistant.generation_config.num_assistant_tokens_schedule = "constant"
-    assistant.generation_config.assistant_confidence_threshold = 0.0
-
-    def ours_ar(x):
-        return autoregressive_generate(model, x, max_new_tokens=max_new_tokens, sampling=GREEDY, eos_token_id=eos).tokens
-
-    def ours_spec(draft):
-        return lambda x: speculative_generate(model, draft, x, gamma=gamma, max_new_tokens=max_new_tokens,
-                                              sampling=GREEDY, eos_token_id=eos).tokens
-
-    groups = {
-        "autoregressive": {"ours": ours_ar, "transformers generate": hf},
-        "n-gram draft": {"ours": ours_spec(ngram),
-                         "transformers prompt lookup": lambda x: hf(x, prompt_lookup_num_tokens=gamma,
-                                                                    max_matching_ngram_size=3)},
-        f"draft model (target's first {exit_layer} layers)": {
-            "ours": ours_spec(layer_skip),
-            "transformers assisted": lambda x: hf(x, assistant_model=assistant)},
-    }
+    configs = configurations(name, device)
+    tokenizer = load_model(name, device, "float32")[1]
+    prompts = load_prompts(tasks=TASKS, per_task=prompts_per_task)
     frames = []
-    for group, methods in groups.items():
-        frame, identical = compare(methods, prompts, repeats, device)
-        frame.insert(0, "comparison", group)
-        frame["ratio to transformers"] = frame["median tokens/s"] / frame["median tokens/s"].iloc[1]
-        frame["greedy outputs identical"] = identical
-        frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
+    for t in temperatures:
+        for label, model in configs.items():
+            hf = {} if "batch-invariant" in label else {
+                "transformers prompt lookup": transformers_methods(model)["transformers prompt lookup"]}
+            runs = time_prompts(model, tokenizer, {"auto": load_draft("auto", model)}, prompts, gamma=gamma,
+                                max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=t), seed=seed,
+                                progress=progress, transformers={"transformers generate": {}, **hf})
+            frames.append(runs.assign(configuration=label))
+    runs = pd.concat(frames, ignore_index=True)
+    runs["method"] = runs["method"].str.replace("autoregressive", "ours autoregressive") + ", " + runs["configuration"]
+    runs = baseline.over_fastest(runs)
+    for (_, config), at in runs.groupby(["temperature", "configuration"]):
+        runs.loc[at.index, "speedup_same_config"] = baseline.speedup_over(at, f"ours autoregressive, {config}")
+    return runs
+
+
+def table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (temperature, configuration, method): median ms per token, median speed over the baseline, and (greedy)
+    outputs identical to plain decoding of the same configuration, of how many."""
+    rows = []
+    for (t, config, method), g in runs.groupby(["temperature", "configuration", "method"], sort=False):
+        rows.append({"temperature": t, "configuration": config, "method": method.rsplit(", ", 1)[0],
+                     "ms/token": 1000 * (g.seconds / g.new_tokens).median(), "speed vs baseline": g.speedup.median(),
+                     "speed vs same configuration": g.speedup_same_config.median(),
+                     "greedy identical": f"{int(g.same_as_baseline.sum())}/{len(g)}" if t == 0 else "",
+                     "baseline": g.baseline.iloc[0]})
+    return pd.DataFrame(rows)
 
 
 def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), repeats: int = 9,
@@ -170,22 +143,22 @@ def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5, clock=None) -> 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=EMBEDDED_TARGET)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts-per-task", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--exit-layer", type=int, default=10)
-    parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    parser.add_argument("--out", default="", help="also write every run to this CSV")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    table = run(args.device, args.max_new_tokens, args.repeats, args.gamma, args.exit_layer, args.dtype)
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 3):
-        print(table.to_string(index=False))
-    dtype = dtype_name(resolve_dtype(args.dtype, resolve_device(args.device)))
-    print(f"\ndtype {dtype}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-          f"{time.perf_counter() - start:.0f} s")
-    if not table["greedy outputs identical"].all():
-        raise SystemExit("greedy outputs differ between ours and transformers: see the table")
+    runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma)
+    if args.out:
+        runs.to_csv(args.out, index=False)
+    with pd.option_context("display.width", 220, "display.max_columns", 20, "display.precision", 2):
+        print(table(runs).to_string(index=False))
+    print(f"\n{runs.id.nunique()} prompts, {args.max_new_tokens} tokens a run (EOS ignored); {torch.get_num_threads()} "
+          f"threads, torch {torch.__version__}; {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

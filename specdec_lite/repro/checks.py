@@ -208,9 +208,10 @@ def c13_sweet_spot(break_even: float, best_gamma: int, alpha_here: float, c: flo
 
 
 # ---------------------------------------------------------------- notebook 03: tasks and draft kinds
-def c11_tasks(best: str, ours, article_acceptance, speedups) -> ClaimRow:
+def c11_tasks(best: str, ours, article_acceptance, speedups, baseline: str) -> ClaimRow:
     """``ours``: our acceptance per task (a Series in the article's task order); ``article_acceptance``: the
-    article's, same order; ``speedups``: our speedup per task (a Series)."""
+    article's, same order; ``speedups``: our speedup per task (a Series) over ``baseline``, the fastest plain
+    decoding of the run."""
     from scipy.stats import spearmanr
 
     ours_values, article = np.asarray(ours, dtype=float), np.asarray(article_acceptance, dtype=float)
@@ -219,17 +220,18 @@ def c11_tasks(best: str, ours, article_acceptance, speedups) -> ClaimRow:
     return ClaimRow("C11", "003", "A100: code 85%/2.8x, summarization 75%/2.2x, dialogue 55%/1.6x, translation 80%/2.5x",
                     f"{best} (greedy): " + ", ".join(f"{t} alpha {a:.2f}" for t, a in ours.items())
                     + f"; Spearman rho with the article's order {rho:.2f}; "
-                    f"speedups {', '.join(f'{t} {s:.2f}x' for t, s in speedups.items())}",
+                    f"speedups over {baseline} {', '.join(f'{t} {s:.2f}x' for t, s in speedups.items())}",
                     verdict(bool(rho >= 0.8) and bool((ours_values >= article - 0.1).all())),
                     "ordering (Spearman >= 0.8) and magnitude (within 0.1) of acceptance; a 135M target with a "
                     "CPU-trained draft on a 2-core CPU")
 
 
-def c21_heads_order(geomean_speedups) -> ClaimRow:
-    """``geomean_speedups``: {method: greedy geometric-mean speedup}, with 'EAGLE head' and 'Medusa heads'."""
+def c21_heads_order(geomean_speedups, baseline: str) -> ClaimRow:
+    """``geomean_speedups``: {method: greedy geometric-mean speedup over ``baseline``}, with 'EAGLE head' and
+    'Medusa heads'."""
     order = sorted(geomean_speedups.items(), key=lambda kv: -kv[1])
     return ClaimRow("C21", "000, 002", "published: Medusa 2.3-3.6x, EAGLE 3-4x (EAGLE above Medusa; both above a separate draft)",
-                    "greedy geometric-mean speedup here: " + ", ".join(f"{m} {v:.2f}x" for m, v in order),
+                    f"greedy geometric-mean speedup over {baseline} here: " + ", ".join(f"{m} {v:.2f}x" for m, v in order),
                     verdict(bool(geomean_speedups["EAGLE head"] > geomean_speedups["Medusa heads"])),
                     "only the ordering EAGLE > Medusa is checked: the published magnitudes need those models and GPUs")
 
@@ -243,10 +245,11 @@ def c18_along_output(drops: dict) -> ClaimRow:
 
 
 def c14_short_outputs(best: str, by_length) -> ClaimRow:
-    """``by_length``: columns max_new_tokens, speedup, shortest first."""
+    """``by_length``: columns max_new_tokens, speedup (over the fastest plain decoding, column baseline),
+    shortest first."""
     first, last = by_length.speedup.iloc[0], by_length.speedup.iloc[-1]
     return ClaimRow("C14", "000, 003", "short outputs (a few dozen tokens) gain almost nothing",
-                    f"{best}, median speedup by max_new_tokens: "
+                    f"{best}, median speedup over {by_length.baseline.iloc[0]} by max_new_tokens: "
                     + ", ".join(f"{r.max_new_tokens}: {r.speedup:.2f}x" for r in by_length.itertuples()),
                     verdict(first <= 1.1 and first < last - 0.05),
                     "tolerance: the shortest gains at most 10% and at least 0.05 less than the longest (same prompts)")

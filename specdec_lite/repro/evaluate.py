@@ -1,10 +1,14 @@
-"""Per-prompt measurements of draft kinds against the autoregressive baseline, and their summaries.
+"""Per-prompt measurements of draft kinds against plain decoding, and their summaries.
 
-For each prompt, the baseline and every draft run side by side (interleaved, same prompt, same sampling, same
-seed), so ratios are measured under the same machine load. From those runs:
+For each prompt, plain decoding (ours and transformers', in every native dtype) and every draft run side by side
+(interleaved, same prompt, same sampling, same seed, each method warmed up first, every run exactly
+``max_new_tokens`` tokens with EOS ignored), so ratios are measured under the same machine load and on equal work.
+From those runs:
 - acceptance rate (accepted drafts / drafted), mean accepted length (bonus included), acceptance by position;
 - c = draft time per drafted token / target time per autoregressive step (both from the same runs);
-- speedup = tokens/s of speculative decoding / tokens/s of the baseline, per prompt.
+- speedup = the fastest plain decoding's time per token over the method's, per prompt (``baseline``), with the
+  speedup over ours plain in the run's own configuration beside it (``speedup_same_config``);
+- greedy identity: whether the output equals ours plain on the same model, and where it first differs.
 Summaries are medians over prompts per task, and the geometric mean of the per-task medians.
 """
 from __future__ import annotations
@@ -17,11 +21,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.batch_invariance import is_batch_invariant
 from ..core.decode import Clock, Generation, GenerationStats, autoregressive_generate, speculative_generate
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
 from ..drafts.loading import load_draft
 from ..paths import prompts_dir
+from . import baseline
 from .report import to_markdown
 from .tasks import chat_ids, first_per_task, load_prompts
 
@@ -81,7 +87,8 @@ def transformers_generate(target, x, *, max_new_tokens: int, sampling: SamplingP
     try:
         start = clock.now()
         out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, eos_token_id=eos,
-                              pad_token_id=eos, repetition_penalty=sampling.repetition_penalty, **options, **assist)
+                              pad_token_id=eos if eos is not None else target.generation_config.pad_token_id,
+                              repetition_penalty=sampling.repetition_penalty, **options, **assist)
         seconds = clock.now() - start
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -100,56 +107,114 @@ def transformers_methods(target, assistant=None) -> dict:
     return methods
 
 
+def plain_methods(target, plain: dict, max_new_tokens: int, sampling: SamplingParams, seed: int) -> dict:
+    """{name: function(x) -> Generation} of plain decoding, ours and transformers', for each model of ``plain``
+    ({label: model}, ``baseline.plain_candidates``), EOS ignored."""
+    methods = {}
+    for label, model in plain.items():
+        methods[f"autoregressive, {label}"] = lambda x, m=model: autoregressive_generate(
+            m, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+        methods[f"transformers generate, {label}"] = lambda x, m=model: transformers_generate(
+            m, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos=None)
+    return methods
+
+
+def first_divergence(tokens: torch.Tensor, reference: torch.Tensor) -> float:
+    """The first output position where ``tokens`` and ``reference`` differ; nan when they are the same."""
+    n = min(len(tokens), len(reference))
+    differs = torch.nonzero(tokens[:n] != reference[:n])
+    if len(differs):
+        return float(differs[0, 0])
+    return float("nan") if len(tokens) == len(reference) else float(n)
+
+
+WARMUP_TOKENS = 16  # each method's untimed first call, on the first prompt
+
+
 def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_tokens=128,
-                sampling=SamplingParams(temperature=0), seed=0, progress=True, transformers: dict | None = None
-                ) -> pd.DataFrame:
-    """One row per (prompt, method): the baseline ('autoregressive'), each named draft, and (``transformers``:
-    ``transformers_methods(...)``) transformers' generate and assisted generation, all side by side."""
+                sampling=SamplingParams(temperature=0), seed=0, progress=True, transformers: dict | None = None,
+                plain: dict | None = None) -> pd.DataFrame:
+    """One row per (prompt, method): ours plain on ``target`` ('autoregressive'), each named draft,
+    transformers' methods on ``target`` (``transformers``: ``transformers_methods(...)``), and plain decoding
+    of the other models in ``plain`` ({label: model}, ``baseline.plain_candidates``), all side by side.
+
+    Equal work: every run generates exactly ``max_new_tokens`` tokens (EOS is ignored while timing) at every
+    temperature, and every method is warmed up once before anything is timed. Speedups are against the fastest
+    plain decoding timed here (``baseline.add_speedups``: columns baseline, speedup, speedup_same_config)."""
+    runs = time_prompts(target, tokenizer, drafts, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
+                        sampling=sampling, seed=seed, progress=progress, transformers=transformers, plain=plain)
+    return baseline.add_speedups(runs, baseline.configuration(target))
+
+
+def time_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_tokens=128,
+                 sampling=SamplingParams(temperature=0), seed=0, progress=True, transformers: dict | None = None,
+                 plain: dict | None = None) -> pd.DataFrame:
+    """``run_prompts``' rows before any speedup is computed (column plain marks the baseline candidates)."""
     from .progress import progress_bar
 
+    runs = {"autoregressive": lambda x: autoregressive_generate(
+        target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)}
+    for name, draft in drafts.items():
+        runs[name] = lambda x, d=draft: speculative_generate(
+            target, d, x, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+    for name, assist in (transformers or {}).items():
+        runs[name] = lambda x, a=assist: transformers_generate(
+            target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos=None, **a)
+    runs.update(plain_methods(target, plain or {}, max_new_tokens, sampling, seed))
+    candidates = baseline.candidate_names(not is_batch_invariant(target), plain or {})
+    warm(runs, chat_ids(tokenizer, prompts[0]["prompt"], target.device))  # one untimed call each
     rows = []
-    eos = tokenizer.eos_token_id
     for i, p in enumerate(progress_bar(prompts, desc="prompts", disable=not progress)):
         x = chat_ids(tokenizer, p["prompt"], target.device)
-        runs = {"autoregressive": lambda: autoregressive_generate(
-            target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_token_id=eos)}
-        for name, draft in drafts.items():
-            runs[name] = (lambda d: lambda: speculative_generate(
-                target, d, x, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                eos_token_id=eos))(draft)
-        for name, assist in (transformers or {}).items():
-            runs[name] = (lambda a: lambda: transformers_generate(
-                target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos=eos, **a))(assist)
         order = list(runs) if i % 2 == 0 else list(reversed(runs))  # alternate to share drift fairly
-        results = {name: runs[name]() for name in order}
-        base = results["autoregressive"].stats
-        step = base.target_seconds / max(base.rounds, 1)
-        for name, gen in results.items():
-            s = gen.stats
-            row = {"id": p["id"], "task": p["task"], "method": name, "temperature": sampling.temperature,
-                   "gamma": gamma, "new_tokens": s.new_tokens, "seconds": s.total_seconds,
-                   "tokens_per_second": s.tokens_per_second, "rounds": s.rounds}
-            if name.startswith("transformers"):
-                row.update({"speedup": s.tokens_per_second / base.tokens_per_second,
-                            "same_as_baseline": bool(torch.equal(gen.tokens, results["autoregressive"].tokens))})
-            elif name != "autoregressive":
-                depths = s.tree_depths or s.proposed_lengths  # a tree's depth plays the chain's length
-                pos = acceptance_by_position(s.accepted_lengths, gamma, depths)
-                row.update({"acceptance_rate": s.acceptance_rate,
-                            "alpha": alpha_estimate(s.accepted_lengths, depths),
-                            "mean_accepted_length": s.mean_accepted_length,
-                            "c": (s.draft_seconds / s.drafted) / step if s.drafted else float("nan"),
-                            "nodes_per_round": s.drafted / s.rounds,
-                            "draft_cost_per_round": (s.draft_seconds / s.rounds) / step,  # in target steps
-                            "v": (s.target_seconds / s.rounds) / step,  # verification forward, in target steps
-                            "speedup": s.tokens_per_second / base.tokens_per_second,
-                            "same_as_baseline": bool(torch.equal(gen.tokens, results["autoregressive"].tokens))})
-                row.update({f"accept_pos{j + 1}": v for j, v in enumerate(pos)})
-                row["accepted_lengths"] = " ".join(map(str, s.accepted_lengths))  # per round, for later analysis
-                row["proposed_lengths"] = " ".join(map(str, s.proposed_lengths))
-                row["tree_depths"] = " ".join(map(str, s.tree_depths))  # empty for chains
-            rows.append(row)
+        results = {name: runs[name](x) for name in order}
+        rows.extend(run_row(p, name, gen, results["autoregressive"], plain=name in candidates,
+                            speculative=name in drafts, sampling=sampling, gamma=gamma) for name, gen in results.items())
     return pd.DataFrame(rows)
+
+
+def kind_of(name: str, speculative: bool) -> str:
+    """'speculative' (ours), 'plain' (ours or transformers' generate, any configuration) or 'transformers
+    assisted' (prompt lookup, assisted generation)."""
+    if speculative:
+        return "speculative"
+    return "plain" if name.startswith(("autoregressive", "transformers generate")) else "transformers assisted"
+
+
+def warm(runs: dict, x) -> None:
+    """Call every method once, untimed, on the same prompt: first-call costs are not measured."""
+    for fn in runs.values():
+        fn(x)
+
+
+def run_row(p: dict, name: str, gen: Generation, reference: Generation, *, plain: bool, speculative: bool,
+            sampling: SamplingParams, gamma: int) -> dict:
+    """The table row of one run: times and token counts; acceptance, costs and identity for speculative runs."""
+    s = gen.stats
+    row = {"id": p["id"], "task": p["task"], "method": name, "temperature": sampling.temperature,
+           "gamma": gamma, "new_tokens": s.new_tokens, "seconds": s.total_seconds,
+           "tokens_per_second": s.tokens_per_second, "rounds": s.rounds, "kind": kind_of(name, speculative),
+           "plain": plain,  # a candidate for the baseline: plain decoding of a model as it loads
+           "same_as_baseline": bool(torch.equal(gen.tokens, reference.tokens)),
+           "first_divergence": first_divergence(gen.tokens, reference.tokens)}
+    if not speculative:
+        return row
+    ref = reference.stats
+    step = ref.target_seconds / max(ref.rounds, 1)
+    depths = s.tree_depths or s.proposed_lengths  # a tree's depth plays the chain's length
+    pos = acceptance_by_position(s.accepted_lengths, gamma, depths)
+    row.update({"acceptance_rate": s.acceptance_rate,
+                "alpha": alpha_estimate(s.accepted_lengths, depths),
+                "mean_accepted_length": s.mean_accepted_length,
+                "c": (s.draft_seconds / s.drafted) / step if s.drafted else float("nan"),
+                "nodes_per_round": s.drafted / s.rounds,
+                "draft_cost_per_round": (s.draft_seconds / s.rounds) / step,  # in target steps
+                "v": (s.target_seconds / s.rounds) / step})  # verification forward, in target steps
+    row.update({f"accept_pos{j + 1}": v for j, v in enumerate(pos)})
+    row["accepted_lengths"] = " ".join(map(str, s.accepted_lengths))  # per round, for later analysis
+    row["proposed_lengths"] = " ".join(map(str, s.proposed_lengths))
+    row["tree_depths"] = " ".join(map(str, s.tree_depths))  # empty for chains
+    return row
 
 
 def predicted_accepted_length(accepted_lengths, depths, gamma: int) -> float:
@@ -187,14 +252,15 @@ def cost_model(runs: pd.DataFrame, v_by_tokens: dict) -> pd.DataFrame:
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Medians per (method, task), an 'overall' row per method (median over all prompts), and the geometric
-    mean over tasks of the per-task median speedup."""
-    spec = df[df["method"] != "autoregressive"]
-    cols = [c for c in ["alpha", "acceptance_rate", "mean_accepted_length", "c", "speedup"] if c in spec]
-    per_task = spec.groupby(["method", "task"])[cols].median().reset_index()
-    overall = spec.groupby("method")[cols].median().reset_index().assign(task="overall (median)")
+    mean over tasks of the per-task median speedup; ``baseline`` names the plain decoding the speedups are over."""
+    spec = df[df["method"] != baseline.SAME_CONFIG]
+    cols = [c for c in ["alpha", "acceptance_rate", "mean_accepted_length", "c", "speedup", "speedup_same_config"]
+            if c in spec]
+    per_task = spec.groupby(["method", "kind", "task"])[cols].median().reset_index()
+    overall = spec.groupby(["method", "kind"])[cols].median().reset_index().assign(task="overall (median)")
     geo = per_task.groupby("method")["speedup"].apply(lambda s: math.exp(np.log(s).mean()))
     overall["speedup_geomean_tasks"] = overall["method"].map(geo)
-    return pd.concat([per_task, overall], ignore_index=True)
+    return pd.concat([per_task, overall], ignore_index=True).assign(baseline=", ".join(df["baseline"].unique()))
 
 
 def run_over_gammas(target, tokenizer, drafts: dict, prompts, gammas, **kwargs) -> pd.DataFrame:
@@ -209,9 +275,9 @@ ARTICLE_003 = pd.DataFrame({"task": ["code", "summarization", "dialogue", "trans
 
 
 def speculative_rows(runs: pd.DataFrame, temperature: float | None = None) -> pd.DataFrame:
-    """The rows of ``run_prompts`` for our drafts (not the baseline, not transformers'), at one temperature if
+    """The rows of ``run_prompts`` for our drafts (not plain decoding, not transformers'), at one temperature if
     given."""
-    spec = ours(runs[runs["method"] != "autoregressive"])
+    spec = ours(runs)
     return spec if temperature is None else spec[spec["temperature"] == temperature]
 
 
@@ -225,8 +291,8 @@ def article003_side_by_side(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.Dat
 
 
 def ours(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows of this package's methods (not transformers' generate or assisted generation)."""
-    return frame[~frame["method"].str.startswith("transformers")]
+    """The rows of this package's speculative methods (column kind, from ``run_prompts`` or ``summarize``)."""
+    return frame[frame["kind"] == "speculative"]
 
 
 def best_method(greedy: pd.DataFrame) -> str:
@@ -234,29 +300,37 @@ def best_method(greedy: pd.DataFrame) -> str:
     return ours(greedy).groupby("method").speedup.median().idxmax()
 
 
+def recommended(methods) -> str | None:
+    """The name of the recommended drafting (``load_draft("auto")``) among ``methods``, if it was measured."""
+    return next((m for m in methods if "(auto)" in m), None)
+
+
+SPEED_GOALS = {"greedy geometric mean over tasks": 2.0, "greedy, slowest task": 1.2,
+               "greedy mean accepted length (tau)": 3.5, "temperature 1 geometric mean": 1.5}
+
+
 def speed_goals(summary: pd.DataFrame, method: str) -> pd.DataFrame:
     """The speed goals for ``method`` on one run of ``summarize`` rows per temperature (column temperature, 0 and
-    1): geometric mean over tasks of the per-task median speedup over our autoregressive baseline, greedy >= 1.6
-    with no task below 1.0, temperature 1 >= 1.25; over transformers' best assisted generation >= 1.3x (greedy,
-    geometric means); and our baseline not slower than transformers' generate (its median speedup over ours <= 1)."""
+    1), every speedup over the fastest plain decoding of the run (column baseline): ``SPEED_GOALS`` (geometric
+    means over tasks of the per-task median speedup; tau is the overall median accepted length), and the greedy
+    geometric mean over transformers' best assisted generation >= 1.3x."""
     def geo(t):
         return geomean_speedups(summary, temperature=t)
 
-    tasks = summary[(summary.temperature == 0) & (summary.method == method) & (summary.task != "overall (median)")]
-    assisted = {m: v for m, v in geo(0).items() if m.startswith("transformers") and m != "transformers generate"}
+    greedy = summary[(summary.temperature == 0) & (summary.method == method)]
+    tasks, overall = greedy[greedy.task != "overall (median)"], greedy[greedy.task == "overall (median)"]
+    assisted = {m: v for m, v in geo(0).items() if m.startswith("transformers") and not m.startswith("transformers generate")}
     best_hf = max(assisted, key=assisted.get) if assisted else None
-    hf_generate = summary[(summary.temperature == 0) & (summary.method == "transformers generate")
-                          & (summary.task == "overall (median)")].speedup
-    rows = [("greedy geometric mean over tasks", ">= 1.6", geo(0).get(method, float("nan")), 1.6),
-            ("greedy, slowest task", ">= 1.0", tasks.speedup.min() if len(tasks) else float("nan"), 1.0),
-            ("temperature 1 geometric mean", ">= 1.25", geo(1).get(method, float("nan")), 1.25),
-            (f"over {best_hf} (greedy)", ">= 1.3",
-             geo(0).get(method, float("nan")) / assisted[best_hf] if best_hf else float("nan"), 1.3),
-            ("our baseline over transformers generate", ">= 1.0",
-             1 / float(hf_generate.iloc[0]) if len(hf_generate) else float("nan"), 1.0)]
+    nan = float("nan")
+    measured = {"greedy geometric mean over tasks": geo(0).get(method, nan),
+                "greedy, slowest task": tasks.speedup.min() if len(tasks) else nan,
+                "greedy mean accepted length (tau)": overall.mean_accepted_length.iloc[0] if len(overall) else nan,
+                "temperature 1 geometric mean": geo(1).get(method, nan)}
+    rows = [(goal, f">= {SPEED_GOALS[goal]}", value, SPEED_GOALS[goal]) for goal, value in measured.items()]
+    rows.append((f"over {best_hf} (greedy)", ">= 1.3", geo(0).get(method, nan) / assisted[best_hf] if best_hf else nan, 1.3))
     table = pd.DataFrame(rows, columns=["goal", "wanted", "measured", "threshold"])
     table["met"] = table.measured >= table.threshold
-    return table.drop(columns="threshold").assign(method=method)
+    return table.drop(columns="threshold").assign(method=method, baseline=", ".join(summary["baseline"].unique()))
 
 
 def method_by_task(greedy: pd.DataFrame, method: str, column: str) -> pd.Series:
@@ -308,13 +382,25 @@ def output_drops(along: pd.DataFrame) -> dict:
     return {m: trend[m].dropna().iloc[0] - trend[m].dropna().iloc[-1] for m in trend if trend[m].notna().sum() > 1}
 
 
-def speedup_by_length(target, tokenizer, name: str, draft, prompts, lengths, gamma: int = 4) -> pd.DataFrame:
-    """Median speedup of one draft over the baseline (greedy, same prompts) for each max_new_tokens."""
+def speedup_by_length(target, tokenizer, name: str, draft, prompts, lengths, gamma: int = 4,
+                      plain: dict | None = None) -> pd.DataFrame:
+    """Median speedup of one draft over the fastest plain decoding (greedy, same prompts; ``plain`` as in
+    ``run_prompts``) for each max_new_tokens."""
     rows = []
     for n in lengths:
-        r = run_prompts(target, tokenizer, {name: draft}, prompts, gamma=gamma, max_new_tokens=n, progress=False)
-        rows.append({"max_new_tokens": n, "speedup": speculative_rows(r).speedup.median()})
+        r = run_prompts(target, tokenizer, {name: draft}, prompts, gamma=gamma, max_new_tokens=n, progress=False,
+                        plain=plain)
+        rows.append({"max_new_tokens": n, "speedup": speculative_rows(r).speedup.median(),
+                     "baseline": r.baseline.iloc[0]})
     return pd.DataFrame(rows)
+
+
+def greedy_agreement(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per method (greedy rows of ``run_prompts``): the share of runs whose output is token for token ours plain
+    on the same model, and the median first position where the others part from it."""
+    greedy = runs[(runs.temperature == 0) & (runs.method != baseline.SAME_CONFIG) & (runs.kind != "plain")]
+    return greedy.groupby("method").agg(runs=("same_as_baseline", "size"), identical=("same_as_baseline", "mean"),
+                                        median_first_divergence=("first_divergence", "median")).reset_index()
 
 
 DEFAULT_DRAFTS = ("auto", "smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-medusa", "n-gram", "layer-skip")

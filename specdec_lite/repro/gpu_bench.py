@@ -11,7 +11,10 @@ model alongside, so that a round costs what it would with that draft. Per pair a
 and the draft's ms per token, c, v(gamma) for gamma 1..8, our autoregressive tokens/s against transformers'
 ``generate``, our speculative tokens/s at a = 0.6, 0.8, 0.9 (gamma 4) against the formula's prediction
 E[N] / (gamma c + v(gamma)) from the measured c and v, and transformers' assisted generation with the same two
-models. One CSV, and one figure when matplotlib is installed.
+models. Speedups are over the fastest plain decoding of the target measured in the run (ours on every path,
+transformers' ``generate``, in the run's dtype and in float32: column baseline); the speedup over our plain
+decoding on the same path, which is what the formula predicts, stands beside it. One CSV, and one figure when
+matplotlib is installed.
 
 No pandas or seaborn here: the check runs where only torch and transformers are installed.
 """
@@ -144,10 +147,41 @@ def measure_pair(target, draft, path: str, *, prompt_len=64, new_tokens=128, gam
         if not torch.equal(out.cpu(), reference.cpu()):
             raise AssertionError(f"greedy identity broken on the {path} path at a = {a}")
         predicted = theory.speedup(a, gamma, costs.c, costs.v[gamma])
-        row |= {f"speculative tokens/s a={a}": spec_tps, f"speedup a={a}": spec_tps / ar_tps,
+        row |= {f"speculative tokens/s a={a}": spec_tps, f"speedup over same path a={a}": spec_tps / ar_tps,
                 f"predicted speedup a={a}": predicted}
     set_path([target, draft], "eager-dynamic", 0)
     return row
+
+
+def plain_float32(target_shape: str, device, *, prompt_len=64, new_tokens=128, repeats=3, seed=0) -> dict:
+    """{name: tokens/s} of plain decoding of the target in float32, ours and transformers' (baseline candidates
+    beside the run's half precision); empty when a float32 copy does not fit on the device."""
+    try:
+        target = random_llama(target_shape, device, torch.float32, seed=0)
+    except torch.OutOfMemoryError:
+        return {}
+    x = torch.randint(0, target.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    x = x.to(device)
+    ours, _ = tokens_per_second(
+        lambda: autoregressive_generate(target, x, max_new_tokens=new_tokens, sampling=GREEDY).tokens, device, repeats)
+    theirs, _ = tokens_per_second(lambda: target.generate(
+        x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+        pad_token_id=0)[0, prompt_len:], device, repeats)
+    return {"ours autoregressive (eager-dynamic, float32)": ours, "transformers generate (float32)": theirs}
+
+
+def add_baseline(rows: list[dict], float32: dict) -> None:
+    """Give one pair's rows (one per path) the baseline of the fastest plain decoding: the highest tokens/s among
+    ours autoregressive on every path, transformers' generate, and ``float32`` ({name: tokens/s}); then the
+    speedup at each acceptance over it. The speedup over the same path (what the formula predicts) stays."""
+    dtype = rows[0]["dtype"]
+    candidates = {f"ours autoregressive ({r['path']}, {dtype})": r["ours autoregressive tokens/s"] for r in rows}
+    candidates[f"transformers generate ({dtype})"] = rows[0]["transformers generate tokens/s"]
+    candidates.update(float32)
+    name = max(candidates, key=candidates.get)
+    for r in rows:
+        r |= {"baseline": name, "baseline tokens/s": candidates[name]}
+        r |= {f"speedup a={a}": r[f"speculative tokens/s a={a}"] / candidates[name] for a in ACCEPTANCES}
 
 
 def transformers_rows(target, draft, *, prompt_len=64, new_tokens=128, gamma=4, repeats=3, seed=0) -> dict:
@@ -183,15 +217,25 @@ def run(device="cuda", shapes="gpu", paths=("eager-dynamic", "static-compiled"),
         common = {"device": name, "dtype": dtype_name(dtype), "target": target_shape, "draft": draft_shape,
                   "new tokens": new_tokens}
         hf = transformers_rows(target, draft, new_tokens=new_tokens, repeats=repeats)
+        mine = []
         for path in paths:
             row = common | measure_pair(target, draft, path, new_tokens=new_tokens, repeats=repeats) | hf
             row["ours / transformers generate"] = row["ours autoregressive tokens/s"] / hf["transformers generate tokens/s"]
-            rows.append(row)
+            mine.append(row)
             log(f"{target_shape} + {draft_shape}, {path}: target {row['target ms/token']:.2f} ms/token, c {row['c']:.3f}, "
                 f"autoregressive {row['ours autoregressive tokens/s']:.0f} tokens/s (transformers "
-                f"{hf['transformers generate tokens/s']:.0f}), a=0.8 speedup {row['speedup a=0.8']:.2f}x "
-                f"(predicted {row['predicted speedup a=0.8']:.2f}x); {time.perf_counter() - start:.0f} s so far")
+                f"{hf['transformers generate tokens/s']:.0f}), a=0.8 speedup over the same path "
+                f"{row['speedup over same path a=0.8']:.2f}x (predicted {row['predicted speedup a=0.8']:.2f}x); "
+                f"{time.perf_counter() - start:.0f} s so far")
         del target, draft
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        float32 = {} if dtype == torch.float32 else plain_float32(target_shape, device, new_tokens=new_tokens,
+                                                                    repeats=repeats)
+        add_baseline(mine, float32)
+        log(f"{target_shape}: baseline {mine[0]['baseline']} ({mine[0]['baseline tokens/s']:.0f} tokens/s); a=0.8 "
+            "speedup over it: " + ", ".join(f"{r['path']} {r['speedup a=0.8']:.2f}x" for r in mine))
+        rows += mine
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows

@@ -222,18 +222,29 @@ def _is_true(series: pd.Series) -> pd.Series:
 def _setup_line(runs: pd.DataFrame | None) -> str:
     if runs is None:
         return _missing(RUNS_CSV, "03_task_acceptance")
-    spec = runs[runs.method != "autoregressive"]
+    spec = _speculative(runs)
     per_task = runs.groupby("task").id.nunique()
     gammas = ", ".join(str(int(g)) for g in sorted(spec.gamma.dropna().unique()))
     parts = [f"{int(runs.id.nunique())} prompts from `data/prompts/` ("
              + ", ".join(f"{task} {int(per_task[task])}" for task in _ordered_tasks(per_task.index)) + ")",
-             f"gamma {gammas}", f"up to {int(runs.new_tokens.max())} new tokens",
+             f"gamma {gammas}", f"{int(runs.new_tokens.max())} new tokens a run (EOS ignored while timing)",
              "temperatures " + ", ".join(_f(t, 1) for t in sorted(runs.temperature.unique()))]
     greedy = spec[spec.temperature == 0]
     if "same_as_baseline" in greedy and len(greedy):
         parts.append(f"{int(_is_true(greedy.same_as_baseline).sum())} of {len(greedy)} greedy speculative outputs "
-                     "identical to the baseline's")
+                     "identical, token for token, to plain decoding of the same model and dtype")
     return "Set-up, read from the runs: " + "; ".join(parts) + "."
+
+
+def _speculative(runs: pd.DataFrame) -> pd.DataFrame:
+    """Our speculative methods' rows (column kind; older CSVs without it: every row but the baseline's)."""
+    return runs[runs.kind == "speculative"] if "kind" in runs else runs[runs.method != "autoregressive"]
+
+
+def _baseline_words(frame: pd.DataFrame) -> str:
+    """'the fastest plain decoding (<its name>)' from a table's baseline column."""
+    names = ", ".join(sorted(set(frame["baseline"].astype(str)))) if "baseline" in frame else "not recorded"
+    return f"the fastest plain decoding measured in the same run ({names})"
 
 
 def task_tables(results_dir: Path) -> str:
@@ -245,16 +256,16 @@ def task_tables(results_dir: Path) -> str:
         return "\n".join(lines + [_missing(SUMMARY_CSV, "03_task_acceptance")])
     lines += ["Medians over prompts. alpha: accepted drafts / drafts the verifier looked at; mean accepted length: "
               "tokens per round, the corrected or bonus token included; c: draft time per drafted token / target "
-              "time per baseline step; speedup: tokens/s of speculative decoding / tokens/s of our autoregressive "
-              "baseline on the same prompt, measured side by side. T is the temperature.", ""]
+              "time per plain step of the same model; speedup: time per token of " + _baseline_words(summary)
+              + " / the method's, on the same prompt, measured side by side. T is the temperature.", ""]
     methods = list(dict.fromkeys(summary.method))
     for column, title in [("alpha", "alpha"), ("mean_accepted_length", "Mean accepted length"),
-                          ("speedup", "Speedup over our autoregressive baseline"), ("c", "Draft cost c")]:
+                          ("speedup", "Speedup over the fastest plain decoding"), ("c", "Draft cost c")]:
         if column in summary:
             lines += [f"### {title}", "", to_markdown(_pivot(summary, column, methods), digits=2), ""]
     if runs is not None:
         pos = [c for c in runs.columns if c.startswith("accept_pos")]
-        spec = runs[runs.method != "autoregressive"]
+        spec = _speculative(runs)
         if pos and len(spec):
             table = spec.groupby(["method", "temperature"], sort=False)[["c", *pos]].median().reset_index()
             table["temperature"] = [_f(t, 1) for t in table.temperature]
@@ -270,7 +281,7 @@ def analysis(results_dir: Path) -> str:
     summary, runs = _read(results_dir, SUMMARY_CSV), _read(results_dir, RUNS_CSV)
     if summary is None:
         return "\n".join(lines + [_missing(SUMMARY_CSV, "03_task_acceptance")])
-    gamma = int(runs[runs.method != "autoregressive"].gamma.median()) if runs is not None else None
+    gamma = int(_speculative(runs).gamma.median()) if runs is not None else None
     implied = []
     for t in sorted(summary.temperature.unique()):
         part = summary[summary.temperature == t]
@@ -319,9 +330,10 @@ def analysis(results_dir: Path) -> str:
 
 def speed_section(results_dir: Path) -> str:
     """The speed of every method, ours and transformers', as geometric means over tasks of the per-task median
-    speedup over our autoregressive baseline; the speed goals; the cost model's predictions beside the
+    speedup over the fastest plain decoding; the speed goals; the cost model's predictions beside the
     measurements (greedy). From ``03_task_acceptance``'s CSVs."""
-    lines = ["## Speed: every method against our baseline, the goals, the cost model (`03_task_acceptance`)", ""]
+    lines = ["## Speed: every method against the fastest plain decoding, the goals, the cost model "
+             "(`03_task_acceptance`)", ""]
     summary_path = Path(results_dir) / SUMMARY_CSV
     if not summary_path.exists():
         return "\n".join(lines + [_missing(SUMMARY_CSV, "03_task_acceptance")])
@@ -331,11 +343,11 @@ def speed_section(results_dir: Path) -> str:
         geomean=lambda v: float(np.exp(np.log(v).mean())), slowest_task="min").reset_index()
     table = table.pivot(index="method", columns="temperature", values=["geomean", "slowest_task"])
     table.columns = [f"{stat} (T={t:g})" for stat, t in table.columns]
-    lines += ["Speedup over our autoregressive baseline, same prompts, model and dtype "
-              f"({', '.join(sorted(set(summary.get('dtype', pd.Series(['unrecorded'])).astype(str))))}); "
-              "geometric mean over tasks of the per-task median, and the slowest task:", "",
+    lines += [f"Speedup over {_baseline_words(summary)}, same prompts and tokens; the methods run in "
+              f"{', '.join(sorted(set(summary.get('dtype', pd.Series(['unrecorded'])).astype(str))))}. "
+              "Geometric mean over tasks of the per-task median, and the slowest task:", "",
               to_markdown(table.sort_values(table.columns[0], ascending=False).reset_index(), digits=2), ""]
-    for name, title in ((GOALS_CSV, "The speed goals, for our best method"),
+    for name, title in ((GOALS_CSV, "The speed goals, for the recommended drafting"),
                         (COST_MODEL_CSV, "The cost model, greedy: predicted E[N] and speedup beside the measured ones")):
         path = Path(results_dir) / name
         if path.exists():

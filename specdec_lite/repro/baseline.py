@@ -1,0 +1,83 @@
+"""The baseline of every speedup this package reports: the fastest plain decoding of the same target on the
+same machine, measured in the same run.
+
+The candidates are plain autoregressive decoding by ours (``autoregressive_generate``) and by transformers'
+``generate``, each in every dtype the device computes natively (``core.models.native_dtypes``: float32, plus
+bfloat16 or float16 where native), on the model as it loads (not made batch-invariant, default attention). Every
+candidate is timed on the same prompts as the methods it is compared with, warmed up first, with the same number
+of new tokens (EOS is ignored while timing). The baseline is the candidate with the lowest median time per token
+over the prompts; a method's speedup on a prompt is the baseline's time per token on that prompt over the
+method's. The speedup over the run's own configuration (ours, plain, same model and dtype: the method row
+"autoregressive") stands beside it as ``speedup_same_config``.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..core.batch_invariance import is_batch_invariant
+from ..core.models import dtype_name, load_model, native_dtypes
+
+SAME_CONFIG = "autoregressive"  # the method row of plain decoding by ours on the run's own target
+
+
+def plain_candidates(target) -> dict:
+    """{dtype name: model} of the other plain configurations to time beside ``target``: the same weights loaded
+    as they are in each native dtype of its device, except the one ``target`` itself is (when it is plain, its own
+    rows are candidates). A dtype whose copy does not fit in memory is left out."""
+    device = target.get_input_embeddings().weight.device
+    out = {}
+    for dtype in native_dtypes(device):
+        if dtype == target.dtype and not is_batch_invariant(target):
+            continue
+        try:
+            out[dtype_name(dtype)], _ = load_model(target.config._name_or_path, device, dtype)
+        except MemoryError:
+            continue
+    return out
+
+
+def candidate_names(target_is_plain: bool, others) -> list[str]:
+    """The method names of the baseline candidates in a ``evaluate.run_prompts`` table."""
+    own = [SAME_CONFIG, "transformers generate"] if target_is_plain else []
+    return own + [name for label in others for name in (f"autoregressive, {label}", f"transformers generate, {label}")]
+
+
+def fastest(runs: pd.DataFrame) -> str:
+    """The candidate row name (``runs.plain``) with the lowest median seconds per token over its prompts."""
+    plain = runs[runs["plain"]]
+    if plain.empty:
+        raise ValueError("no plain decoding was timed in these runs: nothing to measure a speedup against")
+    return (plain["seconds"] / plain["new_tokens"]).groupby(plain["method"]).median().idxmin()
+
+
+def configuration(model) -> str:
+    """How a model runs, as the baseline's name says it: its dtype, and whether it was made batch-invariant."""
+    return dtype_name(model.dtype) + (" batch-invariant" if is_batch_invariant(model) else "")
+
+
+def over_fastest(runs: pd.DataFrame, own: str = "") -> pd.DataFrame:
+    """``runs`` with, per temperature, ``baseline`` (the fastest candidate's name; ``own``, the run's own
+    configuration, is added to the names of its rows) and ``speedup`` (the baseline's seconds per token on the
+    same prompt over the row's)."""
+    runs = runs.copy()
+    for _, at in runs.groupby("temperature", sort=False):
+        name = fastest(at)
+        runs.loc[at.index, "baseline"] = name if "," in name or not own else f"{name}, {own}"
+        runs.loc[at.index, "speedup"] = speedup_over(at, name)
+    return runs
+
+
+def add_speedups(runs: pd.DataFrame, own: str) -> pd.DataFrame:
+    """``over_fastest``, and ``speedup_same_config``: the same ratio against ours, plain, on the run's own
+    configuration (the row named ``SAME_CONFIG``)."""
+    runs = over_fastest(runs, own)
+    for _, at in runs.groupby("temperature", sort=False):
+        runs.loc[at.index, "speedup_same_config"] = speedup_over(at, SAME_CONFIG)
+    return runs
+
+
+def speedup_over(at: pd.DataFrame, method: str) -> pd.Series:
+    """Per row of ``at`` (one temperature): ``method``'s seconds per token on the row's prompt over the row's."""
+    rows = at[at["method"] == method]
+    reference = (rows["seconds"] / rows["new_tokens"]).set_axis(rows["id"])
+    return at["id"].map(reference) / (at["seconds"] / at["new_tokens"])

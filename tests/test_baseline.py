@@ -1,0 +1,84 @@
+"""The baseline rule: every speedup is over the fastest plain decoding timed in the same run, on equal work."""
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from specdec_lite.repro import baseline, evaluate
+
+from conftest import tiny_llama
+from test_repro_tables import WordTokenizer
+
+# seconds for 100 tokens on prompts a and b
+TIMES = {"autoregressive": (5.0, 5.2), "transformers generate": (4.0, 4.4),
+         "autoregressive, float32": (3.0, 3.2), "transformers generate, float32": (3.5, 3.0),
+         "hybrid": (2.0, 1.6)}
+
+
+def frame(times=TIMES, plain=lambda m: m != "hybrid"):
+    rows = [{"id": pid, "task": "code", "method": m, "temperature": 0.0, "new_tokens": 100, "seconds": t[i],
+             "plain": plain(m)} for m, t in times.items() for i, pid in enumerate("ab")]
+    return pd.DataFrame(rows)
+
+
+def test_speedups_are_over_the_candidate_with_the_lowest_median_time_per_token():
+    runs = baseline.add_speedups(frame(), own="bfloat16")
+    # medians: ours float32 3.1, transformers float32 3.25, transformers 4.2, ours 5.1 -> ours float32
+    assert set(runs.baseline) == {"autoregressive, float32"}
+    hybrid = runs[runs.method == "hybrid"].set_index("id")
+    assert hybrid.speedup.to_dict() == pytest.approx({"a": 3.0 / 2.0, "b": 3.2 / 1.6})  # prompt by prompt
+    assert hybrid.speedup_same_config.to_dict() == pytest.approx({"a": 5.0 / 2.0, "b": 5.2 / 1.6})
+
+
+def test_the_runs_own_configuration_is_named_when_it_is_the_fastest():
+    times = {**TIMES, "autoregressive": (1.0, 1.1)}
+    runs = baseline.add_speedups(frame(times), own="bfloat16")
+    assert set(runs.baseline) == {"autoregressive, bfloat16"}
+
+
+def test_a_configuration_slowed_down_or_not_plain_is_never_the_baseline():
+    """A batch-invariant run's own rows are not candidates, however fast; without any candidate it is refused."""
+    times = {**TIMES, "autoregressive": (1.0, 1.1)}
+    runs = baseline.add_speedups(frame(times, plain=lambda m: m not in ("hybrid", "autoregressive")), own="x")
+    assert set(runs.baseline) == {"autoregressive, float32"}
+    with pytest.raises(ValueError, match="no plain decoding was timed"):
+        baseline.add_speedups(frame(plain=lambda m: False), own="x")
+
+
+def test_speedups_are_per_temperature():
+    hot = frame({m: (2 * a, 2 * b) for m, (a, b) in {**TIMES, "transformers generate": (1.0, 1.0)}.items()})
+    runs = baseline.add_speedups(pd.concat([frame(), hot.assign(temperature=1.0)], ignore_index=True), own="bf16")
+    assert runs.groupby("temperature").baseline.first().to_dict() == {
+        0.0: "autoregressive, float32", 1.0: "transformers generate, bf16"}
+
+
+def test_first_divergence_and_greedy_agreement():
+    t = torch.tensor
+    assert evaluate.first_divergence(t([1, 2, 3, 4]), t([1, 2, 5, 4])) == 2
+    assert math.isnan(evaluate.first_divergence(t([1, 2]), t([1, 2])))
+    assert evaluate.first_divergence(t([1, 2]), t([1, 2, 3])) == 2
+    runs = pd.DataFrame({"method": ["autoregressive", "tree", "tree", "tree", "autoregressive, float32"],
+                         "kind": ["plain", "speculative", "speculative", "speculative", "plain"],
+                         "temperature": 0.0, "same_as_baseline": [True, True, False, False, False],
+                         "first_divergence": [math.nan, math.nan, 10.0, 30.0, 3.0]})
+    table = evaluate.greedy_agreement(runs).set_index("method")
+    assert list(table.index) == ["tree"]  # plain decoding in another dtype is not an agreement figure
+    assert table.loc["tree", "runs"] == 3 and table.loc["tree", "identical"] == pytest.approx(1 / 3)
+    assert table.loc["tree", "median_first_divergence"] == 20.0
+
+
+def test_run_prompts_times_every_candidate_on_equal_work():
+    """Plain candidates run beside the draft, every run is max_new_tokens long, speedups name their baseline."""
+    target, other = tiny_llama(), tiny_llama(seed=5)
+    prompts = [{"id": "a", "task": "code", "prompt": "abcabc"}, {"id": "b", "task": "dialogue", "prompt": "hello"}]
+    runs = evaluate.run_prompts(target, WordTokenizer(), {"tiny": tiny_llama(layers=1, seed=1)}, prompts,
+                                max_new_tokens=7, progress=False, transformers=evaluate.transformers_methods(target),
+                                plain={"copy": other})
+    assert set(runs.method) == {"autoregressive", "tiny", "transformers generate", "transformers prompt lookup",
+                                "autoregressive, copy", "transformers generate, copy"}
+    assert (runs.new_tokens == 7).all()
+    assert set(runs[runs.plain].method) == {"autoregressive", "transformers generate", "autoregressive, copy",
+                                            "transformers generate, copy"}
+    assert runs.baseline.nunique() == 1 and runs.baseline.iloc[0].split(", ")[-1] in ("float32", "copy")
+    assert set(runs[runs.kind == "speculative"].method) == {"tiny"}
