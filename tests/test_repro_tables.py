@@ -96,11 +96,12 @@ def test_article002_c9_table_uses_the_latency_arithmetic():
 
 
 def test_predicted_vs_measured_and_position_means():
-    runs = pd.DataFrame({"gamma": [1, 1, 2], "alpha": [0.4, 0.6, 0.5], "speedup": [0.9, 1.1, 1.0],
-                         "accept_pos1": [0.5, 0.5, 0.2], "accept_pos2": [np.nan, np.nan, 0.4]})
+    runs = pd.DataFrame({"gamma": [1, 1, 2], "alpha": [0.4, 0.6, 0.5], "speedup_same_config": [0.9, 1.1, 1.0],
+                         "speedup": [0.6, 0.8, 0.7], "accept_pos1": [0.5, 0.5, 0.2], "accept_pos2": [np.nan, np.nan, 0.4]})
     costs = Costs({1: 1.0, 2: 1.5, 3: 2.0}, 0.1, {1: 1.5, 2: 2.0}, 0.1)
     table = speedup_tables.predicted_vs_measured(runs, costs)
     assert list(table.alpha) == [0.5, 0.5] and list(table.measured) == [1.0, 1.0]
+    assert table["measured over the fastest plain"].tolist() == pytest.approx([0.7, 0.7])
     assert table.predicted.iloc[0] == pytest.approx(1.5 / (0.1 + 1.5))
     assert table["predicted (v = 1)"].iloc[1] == pytest.approx(1.75 / 1.2)
     assert speedup_tables.position_means(runs, 2).tolist() == [0.2, 0.4]
