@@ -82,3 +82,24 @@ def test_run_prompts_times_every_candidate_on_equal_work():
                                             "transformers generate, copy"}
     assert runs.baseline.nunique() == 1 and runs.baseline.iloc[0].split(", ")[-1] in ("float32", "copy")
     assert set(runs[runs.kind == "speculative"].method) == {"tiny"}
+
+
+def test_the_bench_table_gives_medians_speeds_and_greedy_identity_per_configuration():
+    from specdec_lite.repro import bench
+
+    rows = []
+    for pid, (plain32, plain16, auto16) in {"a": (4.0, 2.0, 1.0), "b": (4.4, 2.2, 2.0), "c": (4.2, 2.4, 1.2)}.items():
+        for config, method, seconds, same, diverge in (("float32", "ours autoregressive", plain32, True, math.nan),
+                                                       ("bfloat16", "ours autoregressive", plain16, True, math.nan),
+                                                       ("bfloat16", "auto", auto16, pid == "a", 40.0)):
+            rows.append({"id": pid, "temperature": 0.0, "configuration": config, "method": f"{method}, {config}",
+                         "seconds": seconds, "new_tokens": 100, "plain": method != "auto",
+                         "same_as_baseline": same, "first_divergence": math.nan if same else diverge,
+                         "speedup_same_config": (plain16 if config == "bfloat16" else plain32) / seconds})
+    runs = baseline.over_fastest(pd.DataFrame(rows))
+    table = bench.table(runs).set_index(["configuration", "method"])
+    auto = table.loc[("bfloat16", "auto")]
+    assert auto["ms/token"] == pytest.approx(12.0) and auto["speed vs baseline"] == pytest.approx(2.0)  # 2.4/1.2
+    assert auto["greedy identical"] == "1/3" and auto["first divergence (median)"] == 40.0
+    assert table.loc[("float32", "ours autoregressive"), "speed vs baseline"] == pytest.approx(0.5)
+    assert set(table.baseline) == {"ours autoregressive, bfloat16"}

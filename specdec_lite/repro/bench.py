@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
 
 from ..core.decode import Clock
 from ..core.lm import HFCausalLM
-from ..core.models import EMBEDDED_TARGET, dtype_name, load_model, native_dtypes, resolve_device
+from ..core.models import EMBEDDED_TARGET, cpu_flags, dtype_name, load_model, native_dtypes, resolve_device
 from ..core.sampling import SamplingParams
 from ..drafts.loading import load_draft
 from . import baseline
@@ -81,15 +82,27 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     return runs
 
 
+def machine() -> str:
+    """The CPU's model name, core count and native half-precision flags (or the GPU's name)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")] \
+        if Path("/proc/cpuinfo").exists() else ["unknown CPU"]
+    native = sorted({"avx512_bf16", "amx_bf16", "avx512_fp16"} & cpu_flags()) or ["no native half precision"]
+    return f"{names[0]}, {len(names)} cores, {' '.join(native)}"
+
+
 def table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (temperature, configuration, method): median ms per token, median speed over the baseline, and (greedy)
-    outputs identical to plain decoding of the same configuration, of how many."""
+    outputs identical to plain decoding of the same configuration, of how many, and the median position where the
+    others first differ."""
     rows = []
     for (t, config, method), g in runs.groupby(["temperature", "configuration", "method"], sort=False):
         rows.append({"temperature": t, "configuration": config, "method": method.rsplit(", ", 1)[0],
                      "ms/token": 1000 * (g.seconds / g.new_tokens).median(), "speed vs baseline": g.speedup.median(),
                      "speed vs same configuration": g.speedup_same_config.median(),
                      "greedy identical": f"{int(g.same_as_baseline.sum())}/{len(g)}" if t == 0 else "",
+                     "first divergence (median)": g.first_divergence.median() if t == 0 else float("nan"),
                      "baseline": g.baseline.iloc[0]})
     return pd.DataFrame(rows)
 
@@ -149,14 +162,17 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--out", default="", help="also write every run to this CSV")
+    parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma)
+    summary = table(runs)
     if args.out:
-        runs.to_csv(args.out, index=False)
+        summary.assign(machine=machine(), prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(
+            args.out, index=False)
     with pd.option_context("display.width", 220, "display.max_columns", 20, "display.precision", 2):
-        print(table(runs).to_string(index=False))
+        print(summary.to_string(index=False))
+    print(machine())
     print(f"\n{runs.id.nunique()} prompts, {args.max_new_tokens} tokens a run (EOS ignored); {torch.get_num_threads()} "
           f"threads, torch {torch.__version__}; {time.perf_counter() - start:.0f} s")
 
