@@ -1,19 +1,33 @@
 """Target-made training text: the raw material for training drafts (standalone, EAGLE-style, Medusa).
 
-Prompt families: code, explain, advice, translate, chat (template-made) and summarize (the target's own stored
-replies to explain/advice prompts, given back to it as passages to summarize).
+Prompts come from two places:
+  - templates here (``training_prompts``): families code, explain, advice, translate, chat, and summarize (the
+    target's own stored replies to explain/advice prompts, given back to it as passages to summarize);
+  - files installed on the machine (``sources.py``, ``--sources``): tens of thousands of prompts in the families
+    code, dialogue, summarization and translation (the evaluation's four tasks), ids ``src-<family>-<hash>``.
+Both are disjoint from the evaluation prompts in ``data/prompts/`` (tests check it).
 
 Text written by the target itself is what a draft must learn to predict, and on a 2-core CPU it is the scarce
-resource (about 100-400k tokens an hour), so it is kept compactly and every run appends to it:
+resource, so it is kept compactly and every run appends to it, a batch at a time (a run can be stopped at any
+moment and resumed):
 
     data/target_text/tokens.bin    uint16 token ids, records back to back (prompt with chat template, then reply)
     data/target_text/index.jsonl   one line per record: id, family, prompt, offset, prompt_len, gen_len,
-                                   temperature, top_p, seed, target
+                                   temperature, top_p, seed, target; the records since the harvested sources
+                                   also source (where the prompt came from), top_k (0: none) and dtype
 
-    python -m specdec_lite.train.corpus --budget 200000          # resumes: prompts already done are skipped
+    python -m specdec_lite.train.corpus --budget 200000          # templates; resumes: done prompts are skipped
+    python -m specdec_lite.train.corpus --sources --dtype bfloat16 --batch-size 64 --minutes 150 --budget 50000000
 
-The training prompts are generated from templates here (``training_prompts``) and are disjoint from the
-evaluation prompts in ``data/prompts/`` (a test checks it).
+The template batches cycle temperatures 0, 0.7 and 1 with top_p 0.95 (and, before ``top_k=0`` was passed,
+transformers' default top_k of 50). The harvested prompts are answered greedily and at T=1 (plain sampling:
+top_p 1, no top_k) in turn for each family, a family per batch (``family_batches``).
+
+Speed (reply tokens written a second by ``model.generate`` on the embedded target, 2-core AMD EPYC with
+AVX512-BF16, greedy, 192 new tokens at most; measured on a machine shared with other work, so roughly):
+bfloat16 as it is (``batch_invariant=False``) 252 at batch 16 against float32's 31; batch 32: 410, 64: 481;
+batches of one family: +12% at batch 32 (460), and +20% per CPU second at batch 16 on one thread (140 against
+117, greedy and T=1). Hence the command above: bfloat16, batch 64.
 """
 from __future__ import annotations
 
@@ -22,6 +36,7 @@ import itertools
 import json
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +46,7 @@ from .. import paths
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 
 TEMPERATURES = (0.0, 0.7, 1.0)  # cycled over records: greedy text for greedy acceptance, sampled for variety
+SOURCE_TEMPERATURES = (0.0, 1.0)  # the harvested prompts: greedy and plain sampling, as in the evaluation
 
 _CODE_TASKS = [
     "reverses a linked list", "merges two sorted lists", "counts the vowels in a string", "computes a factorial",
@@ -171,58 +187,114 @@ def _append(out_dir: Path, entries: list[dict], arrays: list[np.ndarray]) -> Non
             fi.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
 
+def cycled_batches(todo: list[dict], batch_size: int, first: int = 0):
+    """(batch, temperature) for the template-made prompts: batches in order, temperatures cycled over
+    ``TEMPERATURES`` from batch number ``first``."""
+    for i, start in enumerate(range(0, len(todo), batch_size)):
+        yield todo[start: start + batch_size], TEMPERATURES[(first + i) % len(TEMPERATURES)]
+
+
+def family_batches(todo: list[dict], batch_size: int, done: list[dict], window: int = 8):
+    """(batch, temperature) for the harvested prompts (``sources.py``): the families take turns, a batch holds
+    one family's prompts (their replies end at similar lengths, so fewer rows wait for the longest), sorted by
+    length within windows of ``window`` batches (less padding), and a batch is greedy or T=1
+    (``SOURCE_TEMPERATURES``), whichever its family has fewer records of in ``done`` and so far."""
+    counts = Counter((e["family"], e["temperature"]) for e in done if e["id"].startswith("src-"))
+    queues: dict[str, list[dict]] = {}
+    for p in todo:
+        queues.setdefault(p["family"], []).append(p)
+    turns = {family: _windowed(prompts, batch_size, window) for family, prompts in queues.items()}
+    while turns:
+        for family in list(turns):
+            batch = next(turns[family], None)
+            if batch is None:
+                del turns[family]
+                continue
+            temperature = min(SOURCE_TEMPERATURES, key=lambda t: counts[family, t])
+            counts[family, temperature] += len(batch)
+            yield batch, temperature
+
+
+def _windowed(prompts: list[dict], batch_size: int, window: int):
+    for start in range(0, len(prompts), batch_size * window):
+        chunk = sorted(prompts[start: start + batch_size * window], key=lambda p: len(p["prompt"]))
+        for i in range(0, len(chunk), batch_size):
+            yield chunk[i: i + batch_size]
+
+
 @torch.inference_mode()
 def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens: int = 100_000,
-                    batch_size: int = 16, max_new_tokens: int = 192, top_p: float = 0.95, seed: int = 0,
+                    batch_size: int = 16, max_new_tokens: int = 192, top_p: float | None = None, seed: int = 0,
                     target_name: str = "smollm2-135m-instruct", progress: bool = True,
-                    max_minutes: float | None = None, families=None) -> int:
+                    max_minutes: float | None = None, families=None, sources: bool = False) -> int:
     """Append target-written replies to ``out_dir`` until ``budget_tokens`` new reply tokens are written (or
     ``max_minutes`` have passed; the batch under way is finished first). Returns the number written.
-    Each batch shares one temperature (cycled over ``TEMPERATURES``). ``families`` (e.g. ``["chat",
-    "summarize"]``) restricts the prompts to those families; the 'summarize' prompts are made from stored replies
-    (``summary_prompts``)."""
+    By default the prompts are the template-made ones, each batch at one temperature (cycled over
+    ``TEMPERATURES``, ``top_p`` 0.95 unless given); ``sources=True`` answers the prompts harvested from installed
+    files instead (``sources.harvest_prompts``, batched by ``family_batches``: greedy and T=1 in turn, ``top_p``
+    1 unless given). ``families`` (e.g.
+    ``["chat", "summarize"]``) restricts the prompts to those families; the 'summarize' template prompts are made
+    from stored replies (``summary_prompts``)."""
     from ..repro.progress import progress_bar
 
     out_dir = Path(out_dir or paths.corpus_dir())
     out_dir.mkdir(parents=True, exist_ok=True)
     if len(tokenizer) > 65535:
         raise ValueError("token ids are stored as uint16; this tokenizer has more than 65,535 tokens")
-    done_ids = {e["id"] for e in load_index(out_dir)}
-    todo = [p for p in training_prompts(seed) + summary_prompts(tokenizer, out_dir, seed)
-            if p["id"] not in done_ids and (families is None or p["family"] in families)]
+    done = load_index(out_dir)
+    done_ids = {e["id"] for e in done}
+    if sources:
+        from .sources import harvest_prompts
+        candidates = harvest_prompts(seed)
+    else:
+        candidates = training_prompts(seed) + summary_prompts(tokenizer, out_dir, seed)
+    todo = [p for p in candidates if p["id"] not in done_ids and (families is None or p["family"] in families)]
     if not todo:
         raise ValueError(f"no prompts left to answer for families {families}; every one is in {out_dir}")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    written, batch_no = 0, len(done_ids) // batch_size
+    top_p = top_p if top_p is not None else (1.0 if sources else 0.95)
+    batch_no = len(done_ids) // batch_size
+    batches = family_batches(todo, batch_size, done) if sources else cycled_batches(todo, batch_size, batch_no)
+    written = 0
     bar = progress_bar(total=budget_tokens, desc="target-made tokens", disable=not progress)
     started = time.monotonic()
-    for start in range(0, len(todo), batch_size):
+    for batch, temperature in batches:
         if written >= budget_tokens or (max_minutes is not None and time.monotonic() - started > 60 * max_minutes):
             break
-        batch = todo[start: start + batch_size]
-        temperature = TEMPERATURES[batch_no % len(TEMPERATURES)]
         batch_no += 1
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
-                                               add_generation_prompt=True, tokenize=False) for p in batch]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
-                        add_special_tokens=False).to(model.device)
         torch.manual_seed(seed * 1_000_003 + batch_no)
-        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else dict(do_sample=False)
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
-        entries, arrays = [], []
-        for row, p in enumerate(batch):
-            prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].cpu().numpy()
-            reply = out[row, enc["input_ids"].shape[1]:].cpu().numpy()
-            eos_at = np.nonzero(reply == tokenizer.eos_token_id)[0]
-            reply = reply[: eos_at[0] + 1] if len(eos_at) else reply
-            entries.append({**p, "prompt_len": len(prompt_ids), "gen_len": len(reply), "temperature": temperature,
-                            "top_p": top_p if temperature > 0 else 1.0, "seed": seed, "target": target_name})
-            arrays.append(np.concatenate([prompt_ids, reply]))
-            written += len(reply)
-            bar.update(len(reply))
+        entries, arrays = _answer(model, tokenizer, batch, temperature, max_new_tokens, top_p)
+        for entry in entries:
+            entry.update(seed=seed, target=target_name)
         _append(out_dir, entries, arrays)
+        new = sum(e["gen_len"] for e in entries)
+        written += new
+        bar.update(new)
     bar.close()
     return written
+
+
+def _answer(model, tokenizer, batch: list[dict], temperature: float, max_new_tokens: int, top_p: float):
+    """(index entries, token ids) of the target's replies to one batch of prompts, in one ``generate`` call
+    (left-padded; a reply ends at its first end-of-sequence token)."""
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
+                                           add_generation_prompt=True, tokenize=False) for p in batch]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
+                    add_special_tokens=False).to(model.device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sampling = (dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0
+                else dict(do_sample=False))  # top_k=0: transformers' default would keep 50
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
+    entries, arrays = [], []
+    for row, p in enumerate(batch):
+        prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].cpu().numpy()
+        reply = out[row, enc["input_ids"].shape[1]:].cpu().numpy()
+        eos_at = np.nonzero(reply == tokenizer.eos_token_id)[0]
+        reply = reply[: eos_at[0] + 1] if len(eos_at) else reply
+        entries.append({**p, "prompt_len": len(prompt_ids), "gen_len": len(reply), "temperature": temperature,
+                        "top_p": top_p if temperature > 0 else 1.0, "top_k": 0,
+                        "dtype": str(model.dtype).removeprefix("torch.")})
+        arrays.append(np.concatenate([prompt_ids, reply]))
+    return entries, arrays
 
 
 def main(argv=None):
@@ -236,12 +308,22 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--minutes", type=float, default=None, help="stop after this long (finishing the batch)")
     parser.add_argument("--families", nargs="+", default=None,
-                        help="only these prompt families (code explain advice translate chat summarize)")
+                        help="only these prompt families (templates: code explain advice translate chat summarize; "
+                             "--sources: code dialogue summarization translation)")
+    parser.add_argument("--sources", action="store_true",
+                        help="answer the prompts harvested from installed files (sources.py), not the templates")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus for the sampled batches (default: 1.0 with --sources, else 0.95)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's; 1 leaves a core to other work on a shared machine)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     out_dir = Path(args.out or paths.corpus_dir())
-    model, tokenizer = load_model(args.target, dtype=args.dtype)
-    n = generate_corpus(model, tokenizer, out_dir, args.budget, args.batch_size, args.max_new_tokens,
-                        seed=args.seed, target_name=args.target, max_minutes=args.minutes, families=args.families)
+    model, tokenizer = load_model(args.target, dtype=args.dtype, batch_invariant=False)
+    n = generate_corpus(model, tokenizer, out_dir, args.budget, args.batch_size, args.max_new_tokens, top_p=args.top_p,
+                        seed=args.seed, target_name=args.target, max_minutes=args.minutes, families=args.families,
+                        sources=args.sources)
     print(f"wrote {n} reply tokens; {len(load_index(out_dir))} records in {out_dir}")
 
 
