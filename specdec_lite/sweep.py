@@ -313,7 +313,7 @@ def main(argv=None):
     if "comparison" in written:
         import pandas as pd
 
-        from .repro.report import to_markdown
+        from .show import to_markdown
 
         table = pd.read_csv(written["comparison"])
         print(to_markdown(table[table.task.str.startswith("overall")].round(3)))

@@ -9,7 +9,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specdec_lite"
 # each layer may import itself and the layers before it
-LAYERS = ["paths", "core", "drafts", "repro", "train", "sweep"]
+LAYERS = ["paths", "show", "core", "drafts", "repro", "train", "sweep"]
 
 
 def module_name(path: Path) -> str:

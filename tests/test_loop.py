@@ -176,3 +176,25 @@ def test_padded_draft_vocabulary_is_aligned():
     spec = sd.speculative_generate(target, padded, prompt(), gamma=3, max_new_tokens=30, sampling=GREEDY)
     assert torch.equal(spec.tokens, sd.autoregressive_generate(target, prompt(), max_new_tokens=30,
                                                                sampling=GREEDY).tokens)
+
+
+def test_the_clock_synchronizes_cuda_only_when_asked(monkeypatch):
+    """Per-phase timing synchronizes the GPU at every reading; timed=False leaves only the final one."""
+    from specdec_lite.core.decode import Clock
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(1))
+    timed, untimed = Clock(torch.device("cuda"), synchronize=True), Clock(torch.device("cuda"), synchronize=False)
+    start = timed.now(), untimed.now()
+    assert len(calls) == 1
+    timed.total(start[0]), untimed.total(start[1])
+    assert len(calls) == 3  # the total always waits for queued work
+    Clock(torch.device("cpu")).now()
+    assert len(calls) == 3
+
+
+def test_an_untimed_run_gives_the_same_output(tiny_target, tiny_draft):
+    x = torch.tensor([[3, 1, 4, 1, 5]])
+    timed = sd.speculative_generate(tiny_target, tiny_draft, x, gamma=3, max_new_tokens=20, seed=4)
+    untimed = sd.speculative_generate(tiny_target, tiny_draft, x, gamma=3, max_new_tokens=20, seed=4, timed=False)
+    assert torch.equal(timed.tokens, untimed.tokens) and timed.stats.accepted_lengths == untimed.stats.accepted_lengths

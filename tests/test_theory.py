@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.repro import theory
+from specdec_lite.repro import speedup_tables, theory
 from specdec_lite.repro.toy import constant_alpha_pair
 
 
@@ -64,7 +64,7 @@ def test_break_even_alpha():
 
 
 def test_simulated_speedup_matches_theory():
-    sim = theory.simulate_speedup(0.8, 4, 0.1, rows=20_000, tokens=40)
+    sim = speedup_tables.simulate_speedup(0.8, 4, 0.1, rows=20_000, tokens=40)
     assert sim == pytest.approx(theory.speedup(0.8, 4, 0.1), abs=0.03)
 
 

@@ -54,6 +54,19 @@ class GenerationStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.total_seconds if self.total_seconds > 0 else float("nan")
 
+    def record(self, accepted: list, proposed: list, draft_seconds: float, target_seconds: float,
+               depth: int | None = None) -> None:
+        """One round: per active row, the drafts accepted and proposed; the round's timings; a tree's depth."""
+        self.rounds += 1
+        self.drafted += sum(proposed)
+        self.accepted += sum(accepted)
+        self.accepted_lengths.extend(n + 1 for n in accepted)
+        self.proposed_lengths.extend(proposed)
+        if depth is not None:
+            self.tree_depths.append(depth)
+        self.draft_seconds += draft_seconds
+        self.target_seconds += target_seconds
+
 
 @dataclass
 class Generation:
@@ -69,21 +82,24 @@ class Generation:
 
 
 class Clock:
-    """Wall time of a phase; synchronizes CUDA so asynchronous kernels are charged to the right phase."""
+    """Wall time of a phase. With ``synchronize`` (the default) it waits for CUDA, so asynchronous kernels are
+    charged to the right phase; without it a round costs no synchronization and the per-phase times of a GPU
+    run mean little (the total is still measured after a final synchronization)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, synchronize: bool = True):
         self.cuda = torch.device(device).type == "cuda"
+        self.synchronize = synchronize
 
     def now(self) -> float:
-        if self.cuda:
+        if self.cuda and self.synchronize:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-
-def _eos_set(eos_token_id) -> list[int]:
-    if eos_token_id is None:
-        return []
-    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
+    def total(self, start: float) -> float:
+        """Seconds since ``start``, all queued work included."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
 
 
 def context_limit(*lms) -> tuple[int | None, str]:
@@ -93,6 +109,7 @@ def context_limit(*lms) -> tuple[int | None, str]:
     return min(limits, key=lambda item: item[0]) if limits else (None, "the model's context")
 
 
+# ---------------------------------------------------------------- what is refused, before any work
 def check_request(input_ids, max_length, gamma: int, max_new_tokens: int, sampling,
                   context_name: str = "the model's context") -> torch.Tensor:
     """Refuse bad requests before any work starts. Returns input_ids as (B, T) long."""
@@ -129,168 +146,31 @@ def check_batch(input_ids, *lms) -> None:
             "Hugging Face caches roll back all rows together: run real models with batch size 1")
 
 
-def check_vocab(target_lm, drafter: Drafter) -> None:
-    """The draft must speak the target's vocabulary (after alignment to the tokenizer's size)."""
+def check_pair(target, target_lm, drafter: Drafter, input_ids, sampling: SamplingParams) -> None:
+    """What a draft and a target must have in common, and what token trees need; each refusal says what to do."""
+    draft_lm = getattr(drafter, "lm", None)
+    check_batch(input_ids, target_lm, draft_lm)
     if drafter.vocab_size is not None and drafter.vocab_size != target_lm.vocab_size:
         raise ValueError(
             f"the draft's vocabulary ({drafter.vocab_size} tokens) cannot be aligned with the target's "
             f"({target_lm.vocab_size}); use a draft trained with the target's tokenizer")
-
-
-def check_devices(target_lm, drafter: Drafter) -> None:
-    """A draft model must sit where the target takes its input (its input embeddings): the loop hands it the
-    target's token buffer."""
-    draft_lm = getattr(drafter, "lm", None)
     if draft_lm is not None and hasattr(draft_lm, "device") and draft_lm.device != target_lm.device:
         raise ValueError(f"the draft is on {draft_lm.device} but the target takes its input on {target_lm.device}; "
                          f"move the draft there first (draft.to({str(target_lm.device)!r}))")
-
-
-def check_features(target_lm, drafter: Drafter) -> None:
-    """A feature-level draft needs a target that can hand over its hidden states."""
     if drafter.uses_target_features and not getattr(target_lm, "supports_hidden", False):
         raise TypeError(f"{type(drafter).__name__} reads the target's hidden states, which "
                         f"{type(target_lm).__name__} does not provide; use a Hugging Face target")
-
-
-def _check_pair_tokenizers(target, drafter: Drafter) -> None:
-    """When both models' tokenizers are known (``load_model`` registers them), they must be the same."""
-    draft_model = getattr(getattr(drafter, "lm", None), "model", None)
+    if drafter.proposes_trees:
+        check_tree_request(input_ids, target_lm, sampling)
+    draft_model = getattr(draft_lm, "model", None)  # tokenizers registered by load_model must be the same
     t_tok = tokenizer_of(target) if isinstance(target, torch.nn.Module) else None
     d_tok = tokenizer_of(draft_model) if isinstance(draft_model, torch.nn.Module) else None
     if t_tok is not None and d_tok is not None:
         check_tokenizers(t_tok, d_tok)
 
 
-def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch.Tensor:
-    """The argmax after the repetition penalty (the other settings do not move the argmax)."""
-    if sampling.repetition_penalty == 1.0:
-        return logits.argmax(-1)
-    return probs_from_logits(logits, sampling, seen).argmax(-1)
-
-
-def _new_buffer(input_ids, max_new_tokens, gamma, device):
-    B, T = input_ids.shape
-    # room for finished rows that keep drafting (their writes land past their length and are ignored)
-    seq = torch.zeros(B, T + max_new_tokens + 2 * gamma + 2, dtype=torch.long, device=device)
-    seq[:, :T] = input_ids
-    return seq, torch.full((B,), T, dtype=torch.long, device=device)
-
-
-def _finish(seq, T, lengths, max_new_tokens, eos) -> list:
-    """Cut each row at max_new_tokens and just after its first EOS: nothing after EOS is emitted."""
-    out = []
-    for b in range(seq.shape[0]):
-        new = seq[b, T : min(int(lengths[b]), T + max_new_tokens)]
-        for e in eos:
-            hits = (new == e).nonzero()
-            if len(hits):
-                new = new[: int(hits[0]) + 1]
-        out.append(new.cpu())
-    return out
-
-
-def _done(seq, T, lengths, max_new_tokens, eos) -> torch.Tensor:
-    done = lengths - T >= max_new_tokens
-    if eos:
-        produced = torch.arange(seq.shape[1], device=seq.device)[None, :]
-        new = (produced >= T) & (produced < lengths[:, None])
-        done |= (torch.isin(seq, torch.tensor(eos, device=seq.device)) & new).any(1)
-    return done
-
-
-def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_tokens: int = 128,
-                         sampling: SamplingParams = SamplingParams(), seed: int = 0,
-                         eos_token_id=None) -> Generation:
-    """Speculative decoding: ``draft`` proposes gamma tokens, ``target`` verifies them in one forward.
-
-    target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's
-    tokenizer, a toy model, or a Drafter (``NGramDraft``, ``LayerSkipDraft``). input_ids: (T,) or (B, T);
-    batches of more than one row need toy models (Hugging Face caches roll back all rows together).
-    With ``sampling.temperature == 0`` the output is the target's own greedy output, token for token.
-    """
-    target_lm = as_language_model(target)
-    drafter = as_drafter(draft, target)
-    max_length, context_name = context_limit(target_lm, getattr(drafter, "lm", None))
-    input_ids = check_request(input_ids, max_length, gamma, max_new_tokens, sampling, context_name)
-    check_vocab(target_lm, drafter)
-    check_devices(target_lm, drafter)
-    check_features(target_lm, drafter)
-    check_batch(input_ids, target_lm, getattr(drafter, "lm", None))
-    check_tree_request(input_ids, target_lm, drafter, sampling)
-    _check_pair_tokenizers(target, drafter)
-    eos = _eos_set(eos_token_id)
-    device = target_lm.device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    clock = Clock(device)
-    stats = GenerationStats()
-    start = clock.now()
-
-    input_ids = input_ids.to(device)
-    B, T = input_ids.shape
-    seq, lengths = _new_buffer(input_ids, max_new_tokens, gamma, device)
-    target_lm.reset(B)
-    drafter.begin(input_ids)
-    rows = torch.arange(B, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-
-    while not bool(done.all()):
-        if drafter.proposes_trees:  # token trees: one row, its own round (below)
-            lengths = _tree_round(target_lm, drafter, seq, lengths, gamma, sampling, generator, stats, clock)
-            done = _done(seq, T, lengths, max_new_tokens, eos)
-            continue
-        # 1) draft: k <= gamma tokens and the q they were drawn from
-        t0 = clock.now()
-        drafts, q = drafter.propose(seq, lengths, gamma, sampling, generator)  # (B, k), (B, k, V) | None
-        t1 = clock.now()
-
-        # 2) target: one forward over the newest token and the drafts -> logits at k+1 positions
-        k = drafts.shape[1]
-        if drafter.uses_target_features:  # the draft reads the target's hidden states of this forward
-            logits, hidden, first = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1, return_hidden=True)
-            drafter.observe(hidden, first)
-        else:
-            logits = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1)  # (B, k+1, V)
-        seen = seen_mask(seq, lengths, drafts, target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
-
-        # 3) verify: n accepted drafts, then the corrected or bonus token
-        if sampling.greedy:
-            n, next_token = verify_greedy(drafts, greedy_choice(logits, sampling, seen))
-        else:
-            p = probs_from_logits(logits, sampling, seen)  # (B, k+1, V)
-            n, next_token = verify(drafts, q, p, generator)
-
-        # 4) emit x_1..x_n, next_token (rows already finished do not advance)
-        emitted = torch.cat([drafts, next_token[:, None]], dim=1)
-        emitted[rows, n] = next_token
-        seq.scatter_(1, lengths[:, None] + torch.arange(k + 1, device=device)[None, :], emitted)
-        active = ~done
-        lengths = torch.where(active, lengths + n + 1, lengths)
-
-        # 5) rollback: caches keep everything but the newest token
-        target_lm.crop(lengths - 1)
-        drafter.rollback(lengths - 1)
-        t2 = clock.now()
-
-        stats.rounds += 1
-        stats.drafted += k * int(active.sum())
-        stats.accepted += int(n[active].sum())
-        stats.accepted_lengths.extend((n[active] + 1).tolist())
-        stats.proposed_lengths.extend([k] * int(active.sum()))
-        stats.draft_seconds += t1 - t0
-        stats.target_seconds += t2 - t1
-        done = _done(seq, T, lengths, max_new_tokens, eos)
-
-    sequences = _finish(seq, T, lengths, max_new_tokens, eos)
-    stats.new_tokens = sum(len(s) for s in sequences)
-    stats.total_seconds = clock.now() - start
-    return Generation(sequences, stats)
-
-
-def check_tree_request(input_ids, target_lm, drafter: Drafter, sampling: SamplingParams) -> None:
+def check_tree_request(input_ids, target_lm, sampling: SamplingParams) -> None:
     """Token trees run at batch 1, without the repetition penalty (its per-node prefixes are not implemented)."""
-    if not drafter.proposes_trees:
-        return
     if input_ids.shape[0] != 1:
         raise NotImplementedError(f"token trees run one prompt at a time, got a batch of {input_ids.shape[0]}")
     if sampling.repetition_penalty != 1.0:
@@ -301,13 +181,131 @@ def check_tree_request(input_ids, target_lm, drafter: Drafter, sampling: Samplin
         target_lm.check_tree_support()
 
 
-def _tree_round(target_lm, drafter: Drafter, seq, lengths, gamma, sampling, generator, stats, clock):
+# ---------------------------------------------------------------- the token buffer
+@dataclass
+class Decoding:
+    """The state both loops share: the token buffer, each row's length, and how the run ends."""
+
+    seq: torch.Tensor  # (B, T + room) prompt, then the tokens emitted (and scratch past each row's length)
+    lengths: torch.Tensor  # (B,) tokens in each row so far
+    prompt_len: int
+    max_new_tokens: int
+    eos: list  # token ids that end a row
+
+    @classmethod
+    def start(cls, input_ids, max_new_tokens: int, room: int, eos_token_id) -> "Decoding":
+        """A buffer for ``input_ids`` (B, T) with ``room`` extra slots for drafts past the end."""
+        B, T = input_ids.shape
+        # room for finished rows that keep drafting (their writes land past their length and are ignored)
+        seq = torch.zeros(B, T + max_new_tokens + room, dtype=torch.long, device=input_ids.device)
+        seq[:, :T] = input_ids
+        eos = [] if eos_token_id is None else [int(e) for e in torch.as_tensor(eos_token_id).reshape(-1)]
+        return cls(seq, torch.full((B,), T, dtype=torch.long, device=input_ids.device), T, max_new_tokens, eos)
+
+    def done(self) -> torch.Tensor:
+        """(B,) rows that reached max_new_tokens or emitted an EOS."""
+        done = self.lengths - self.prompt_len >= self.max_new_tokens
+        if self.eos:
+            produced = torch.arange(self.seq.shape[1], device=self.seq.device)[None, :]
+            new = (produced >= self.prompt_len) & (produced < self.lengths[:, None])
+            done |= (torch.isin(self.seq, torch.tensor(self.eos, device=self.seq.device)) & new).any(1)
+        return done
+
+    def finish(self, stats: GenerationStats, clock: Clock, start: float) -> Generation:
+        """Each row cut at max_new_tokens and just after its first EOS (nothing after EOS is emitted)."""
+        out = []
+        for b in range(self.seq.shape[0]):
+            new = self.seq[b, self.prompt_len: min(int(self.lengths[b]), self.prompt_len + self.max_new_tokens)]
+            for e in self.eos:
+                hits = (new == e).nonzero()
+                if len(hits):
+                    new = new[: int(hits[0]) + 1]
+            out.append(new.cpu())
+        stats.new_tokens = sum(len(s) for s in out)
+        stats.total_seconds = clock.total(start)
+        return Generation(out, stats)
+
+
+def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch.Tensor:
+    """The argmax after the repetition penalty (the other settings do not move the argmax)."""
+    if sampling.repetition_penalty == 1.0:
+        return logits.argmax(-1)
+    return probs_from_logits(logits, sampling, seen).argmax(-1)
+
+
+# ---------------------------------------------------------------- the loop
+def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_tokens: int = 128,
+                         sampling: SamplingParams = SamplingParams(), seed: int = 0, eos_token_id=None,
+                         timed: bool = True) -> Generation:
+    """Speculative decoding: ``draft`` proposes gamma tokens, ``target`` verifies them in one forward.
+
+    target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's
+    tokenizer, a toy model, or a Drafter (``NGramDraft``, ``LayerSkipDraft``, a head, a tree drafter). input_ids:
+    (T,) or (B, T); batches of more than one row need toy models (Hugging Face caches roll back all rows together).
+    With ``sampling.temperature == 0`` the output is the target's own greedy output, token for token (bitwise
+    where the target's forwards are batch-invariant, see ``load_model``). ``timed=False`` skips the per-round
+    device synchronization (the stats' per-phase seconds then mean little on a GPU).
+    """
+    target_lm, drafter = as_language_model(target), as_drafter(draft, target)
+    max_length, context_name = context_limit(target_lm, getattr(drafter, "lm", None))
+    input_ids = check_request(input_ids, max_length, gamma, max_new_tokens, sampling, context_name)
+    check_pair(target, target_lm, drafter, input_ids, sampling)
+    one_round = tree_round if drafter.proposes_trees else chain_round
+
+    clock, stats = Clock(target_lm.device, synchronize=timed), GenerationStats()
+    start = clock.now()
+    input_ids = input_ids.to(target_lm.device)
+    run = Decoding.start(input_ids, max_new_tokens, 2 * gamma + 2, eos_token_id)
+    generator = torch.Generator(device=target_lm.device).manual_seed(seed)
+    target_lm.reset(input_ids.shape[0])
+    drafter.begin(input_ids)
+    while not bool(run.done().all()):
+        one_round(target_lm, drafter, run, gamma, sampling, generator, stats, clock)
+    return run.finish(stats, clock, start)
+
+
+def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, generator, stats, clock):
+    """One round with a chain of drafts, for every row (rows already finished do not advance)."""
+    seq, lengths, active = run.seq, run.lengths, ~run.done()
+    # 1) draft: k <= gamma tokens and the q they were drawn from
+    t0 = clock.now()
+    drafts, q = drafter.propose(seq, lengths, gamma, sampling, generator)  # (B, k), (B, k, V) | None
+    t1 = clock.now()
+
+    # 2) target: one forward over the newest token and the drafts -> logits at k+1 positions
+    k = drafts.shape[1]
+    if drafter.uses_target_features:  # the draft reads the target's hidden states of this forward
+        logits, hidden, first = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1, return_hidden=True)
+        drafter.observe(hidden, first)
+    else:
+        logits = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1)  # (B, k+1, V)
+    seen = seen_mask(seq, lengths, drafts, target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
+
+    # 3) verify: n accepted drafts, then the corrected or bonus token
+    if sampling.greedy:
+        n, next_token = verify_greedy(drafts, greedy_choice(logits, sampling, seen))
+    else:
+        n, next_token = verify(drafts, q, probs_from_logits(logits, sampling, seen), generator)
+
+    # 4) emit x_1..x_n, next_token
+    emitted = torch.cat([drafts, next_token[:, None]], dim=1)
+    emitted[torch.arange(len(n), device=seq.device), n] = next_token
+    seq.scatter_(1, lengths[:, None] + torch.arange(k + 1, device=seq.device)[None, :], emitted)
+    run.lengths = torch.where(active, lengths + n + 1, lengths)
+
+    # 5) rollback: caches keep everything but the newest token
+    target_lm.crop(run.lengths - 1)
+    drafter.rollback(run.lengths - 1)
+    stats.record(n[active].tolist(), [k] * int(active.sum()), t1 - t0, clock.now() - t1)
+
+
+def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, generator, stats, clock):
     """One round with a token tree (batch 1): propose a tree of depth <= gamma, score every node in one forward,
-    walk down the accepted path, keep only its cache entries. Returns the new lengths."""
-    L = int(lengths[0])
+    walk down the accepted path, keep only its cache entries."""
+    seq, L = run.seq, int(run.lengths[0])
     # 1) draft: a tree whose root is the newest token seq[L-1]
     t0 = clock.now()
-    tree = drafter.propose_tree(seq, lengths, gamma, sampling, generator)
+    tree = drafter.propose_tree(seq, run.lengths, gamma, sampling, generator)
     t1 = clock.now()
 
     # 2) target: the tokens the cache has not seen (the root last), then the nodes, under the tree mask
@@ -332,68 +330,47 @@ def _tree_round(target_lm, drafter: Drafter, seq, lengths, gamma, sampling, gene
     # 4) emit the path's tokens, then next_token
     emitted = torch.tensor([int(tree.tokens[i]) for i in path] + [next_token], device=seq.device)
     seq[0, L: L + len(emitted)] = emitted
-    lengths = lengths + len(emitted)
+    run.lengths = run.lengths + len(emitted)
 
     # 5) keep only the root's and the path's cache entries; the drafter sees the same
     target_lm.compact(compact_indices(path, L - 1))
     if drafter.uses_target_features:
         rows = torch.tensor(list(range(prefix)) + [prefix - 1 + i for i in path], device=hidden.device)
         drafter.observe(hidden[:, rows], cached)
-    drafter.rollback(lengths - 1)
-    t2 = clock.now()
-
-    stats.rounds += 1
-    stats.drafted += tree.size - 1
-    stats.accepted += len(path)
-    stats.accepted_lengths.append(len(path) + 1)
-    stats.proposed_lengths.append(tree.size - 1)
-    stats.tree_depths.append(int(tree.depths().max()))
-    stats.draft_seconds += t1 - t0
-    stats.target_seconds += t2 - t1
-    return lengths
+    drafter.rollback(run.lengths - 1)
+    stats.record([len(path)], [tree.size - 1], t1 - t0, clock.now() - t1, depth=int(tree.depths().max()))
 
 
 def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
                             sampling: SamplingParams = SamplingParams(), seed: int = 0,
-                            eos_token_id=None) -> Generation:
+                            eos_token_id=None, timed: bool = True) -> Generation:
     """The baseline: one target forward per token, through the same wrapper, sampling rule and generator."""
     target_lm = as_language_model(target)
     max_length, context_name = context_limit(target_lm)
     input_ids = check_request(input_ids, max_length, 1, max_new_tokens, sampling, context_name)
     check_batch(input_ids, target_lm)
-    eos = _eos_set(eos_token_id)
-    device = target_lm.device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    clock = Clock(device)
-    stats = GenerationStats()
+
+    clock, stats = Clock(target_lm.device, synchronize=timed), GenerationStats()
     start = clock.now()
-
-    input_ids = input_ids.to(device)
-    B, T = input_ids.shape
-    seq, lengths = _new_buffer(input_ids, max_new_tokens, 1, device)
-    target_lm.reset(B)
-    rows = torch.arange(B, device=device)
-    no_drafts = seq.new_zeros(B, 0)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-
+    run = Decoding.start(input_ids.to(target_lm.device), max_new_tokens, 4, eos_token_id)
+    generator = torch.Generator(device=target_lm.device).manual_seed(seed)
+    target_lm.reset(run.seq.shape[0])
+    rows = torch.arange(run.seq.shape[0], device=run.seq.device)
+    done = run.done()
     while not bool(done.all()):
         t0 = clock.now()
+        seq, lengths = run.seq, run.lengths
         logits = feed_unseen(target_lm, seq, lengths, num_logits=1)  # (B, 1, V); the prompt in the first step
-        seen = seen_mask(seq, lengths, no_drafts, target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
+        seen = seen_mask(seq, lengths, seq[:, :0], target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
         if sampling.greedy:
             next_token = greedy_choice(logits, sampling, seen)[:, -1]
         else:
             next_token = sample(probs_from_logits(logits[:, -1], sampling, None if seen is None else seen[:, -1]),
                                 generator)
         seq[rows, lengths] = torch.where(done, seq[rows, lengths], next_token)
-        lengths = torch.where(done, lengths, lengths + 1)
-        target_lm.crop(lengths - 1)  # finished rows forget the token they were fed
-        stats.rounds += 1
-        stats.target_seconds += clock.now() - t0
-        done = _done(seq, T, lengths, max_new_tokens, eos)
-
-    sequences = _finish(seq, T, lengths, max_new_tokens, eos)
-    stats.new_tokens = sum(len(s) for s in sequences)
-    stats.accepted_lengths = [1] * stats.rounds
-    stats.total_seconds = clock.now() - start
-    return Generation(sequences, stats)
+        run.lengths = torch.where(done, lengths, lengths + 1)
+        target_lm.crop(run.lengths - 1)  # finished rows forget the token they were fed
+        stats.record([], [], 0.0, clock.now() - t0)
+        done = run.done()
+    stats.accepted_lengths = [1] * stats.rounds  # one token a round
+    return run.finish(stats, clock, start)

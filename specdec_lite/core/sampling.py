@@ -62,13 +62,18 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return torch.where(seen, penalised, logits)
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float64 when it is, else in float32: probabilities are never computed in half precision."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def probs_from_logits(logits: torch.Tensor, sampling: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
     """logits (..., V) -> probabilities (..., V) under ``sampling`` (float32, or float64 for float64 logits).
 
     Greedy (temperature 0) gives the one-hot of the argmax, so the same verifier handles it.
     ``seen`` (..., V) bool is needed only when a repetition penalty is set.
     """
-    logits = logits if logits.dtype == torch.float64 else logits.float()
+    logits = at_least_float32(logits)
     if sampling.repetition_penalty != 1.0:
         if seen is None:
             raise ValueError("a repetition penalty needs the tokens each position has seen (seen=...)")

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .verify import residual_distribution
+from .sampling import at_least_float32
+from .verify import acceptance_probability, residual_distribution
 
 
 @dataclass
@@ -86,15 +87,6 @@ class Tree:
         return row
 
 
-def chain_tree(root: int, tokens, q: torch.Tensor | None = None) -> Tree:
-    """A chain as a tree: root -> tokens[0] -> tokens[1] ...; ``q`` (k, V) when the tokens were drawn."""
-    tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
-    k = len(tokens)
-    q_full = None if q is None else torch.cat([q.new_zeros(1, q.shape[-1]), q], 0)
-    drawn = torch.tensor([False] + [q is not None] * k)
-    return Tree(torch.cat([torch.tensor([root]), tokens]), torch.arange(-1, k), q_full, drawn)
-
-
 class TreeBuilder:
     """Builds a ``Tree`` node by node; a token already among a parent's children is not added twice (the
     existing node is returned), so branches from several drafters merge into one trie."""
@@ -144,8 +136,8 @@ class TreeBuilder:
 
 
 def acceptance(r: torch.Tensor, q_c: torch.Tensor, x: int) -> torch.Tensor:
-    """min(1, r(x) / q_c(x)) for a child with token x drawn (or chosen) from q_c."""
-    return (r[x] / q_c[x]).clamp(max=1.0) if q_c[x] > 0 else torch.ones((), dtype=r.dtype)
+    """min(1, r(x) / q_c(x)) for a child with token x drawn (or chosen) from q_c: the chain's rule."""
+    return acceptance_probability(r[x], q_c[x])
 
 
 def node_distribution(tree: Tree, p: torch.Tensor, node: int) -> torch.Tensor:
@@ -161,7 +153,7 @@ def sibling_residual(r: torch.Tensor, p_node: torch.Tensor, q_c: torch.Tensor) -
 def verify_tree(tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None) -> tuple[list[int], int]:
     """Sampling verification of a tree. p: (n, V) the target's distributions at every node.
     Returns (accepted node indices, root to leaf, excluding the root; the next token)."""
-    p = p.double() if p.dtype == torch.float64 else p.float()
+    p = at_least_float32(p)
     V = p.shape[-1]
     path, node = [], 0
     while True:

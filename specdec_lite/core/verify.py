@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .sampling import at_least_float32
+
 
 def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     """min(1, p(x)/q(x)) for the drafted tokens; p_x, q_x (B, gamma). q_x > 0 whenever x was drawn from q."""
@@ -35,10 +37,6 @@ def _draft_probs_of(draft_tokens: torch.Tensor, q: torch.Tensor | None) -> torch
     if q is None:
         return torch.ones(draft_tokens.shape, dtype=torch.float64, device=draft_tokens.device)
     return q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-
-
-def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    return x if x.dtype == torch.float64 else x.float()
 
 
 def _draft_row_at(draft_tokens: torch.Tensor, q: torch.Tensor | None, index: torch.Tensor, V: int,
@@ -81,7 +79,7 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     B, gamma = draft_tokens.shape
     V = p.shape[-1]
     rows = torch.arange(B, device=p.device)
-    p = _at_least_float32(p)
+    p = at_least_float32(p)
 
     # 1) accept x_i with probability min(1, p_i(x_i)/q_i(x_i))
     p_x = p[:, :gamma].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # (B, gamma)

@@ -28,7 +28,7 @@ from ..core.sampling import SamplingParams
 from ..drafts.loading import load_draft
 from ..paths import prompts_dir
 from . import baseline
-from .report import to_markdown
+from ..show import to_markdown
 from .tasks import chat_ids, first_per_task, load_prompts
 
 
@@ -150,7 +150,7 @@ def time_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_t
                  sampling=SamplingParams(temperature=0), seed=0, progress=True, transformers: dict | None = None,
                  plain: dict | None = None) -> pd.DataFrame:
     """``run_prompts``' rows before any speedup is computed (column plain marks the baseline candidates)."""
-    from .progress import progress_bar
+    from ..show import progress_bar
 
     runs = {"autoregressive": lambda x: autoregressive_generate(
         target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)}

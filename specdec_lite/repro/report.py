@@ -22,28 +22,17 @@ import numpy as np
 import pandas as pd
 
 from .. import paths
+from ..show import to_markdown
 from . import claims as claims_mod
 from . import theory
+from .tasks import TASKS
 
 RESULTS_DOC = Path("docs") / "RESULTS.md"  # relative to the repository root
 NOT_MEASURED = "not measured yet"
 VERDICT_NOT_MEASURED = "not measured yet"
 SUMMARY_CSV, RUNS_CSV, CLAIMS_CSV = "task_acceptance_summary.csv", "task_acceptance_runs.csv", "claims.csv"
 GOALS_CSV, COST_MODEL_CSV = "speed_goals.csv", "cost_model.csv"  # written by 03_task_acceptance
-TASK_ORDER = ("code", "summarization", "dialogue", "translation")
 OVERALL = "overall (median)"
-
-
-def to_markdown(df: pd.DataFrame, digits: int = 3) -> str:
-    """A GitHub markdown table (no extra dependency)."""
-    def cell(v):
-        if isinstance(v, (float, np.floating)):
-            return "" if math.isnan(v) else f"{v:.{digits}f}"
-        return str(v).replace("|", "\\|").replace("\n", " ")
-    header = "| " + " | ".join(map(str, df.columns)) + " |"
-    rule = "| " + " | ".join("---" for _ in df.columns) + " |"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([header, rule, *body])
 
 
 @dataclass(frozen=True)
@@ -196,7 +185,7 @@ def claims_by_notebook(results_dir: Path) -> str:
 
 def _ordered_tasks(tasks) -> list:
     tasks = list(dict.fromkeys(tasks))
-    known = [t for t in TASK_ORDER if t in tasks]
+    known = [t for t in TASKS if t in tasks]
     return known + [t for t in tasks if t not in known and t != OVERALL] + ([OVERALL] if OVERALL in tasks else [])
 
 

@@ -75,21 +75,6 @@ def break_even_alpha(c: float, v=1.0, max_gamma: int = 16, resolution: int = 200
     return float("nan")
 
 
-def simulate_speedup(alpha: float, gamma: int, c: float, v: float = 1.0, rows: int = 20_000, tokens: int = 64,
-                     seed: int = 0) -> float:
-    """The speedup the loop itself achieves on the constant-alpha toy pair under the cost model
-    (one draft step = c, one verification = v, one baseline step = 1): tokens / (rounds * (gamma c + v))."""
-    import torch
-
-    from ..core.decode import speculative_generate
-    from .toy import constant_alpha_pair
-
-    target, draft = constant_alpha_pair(alpha)
-    gen = speculative_generate(target, draft, torch.zeros(rows, 1, dtype=torch.long), gamma=gamma,
-                               max_new_tokens=tokens, seed=seed)
-    return gen.stats.mean_accepted_length / (gamma * c + v)
-
-
 def latency_example(alpha: float, gamma: int = 8, tokens: int = 200, target_ms: float = 10.0,
                     draft_ms: float = 1.0) -> dict:
     """Article 002's latency arithmetic (C9): ``tokens`` tokens, one target step ``target_ms``, one draft step

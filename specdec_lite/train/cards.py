@@ -15,7 +15,7 @@ from pathlib import Path
 from ..core.models import EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_MEDUSA, EMBEDDED_TARGET
 from ..drafts.heads import parameter_count
 from ..paths import drafts_dir
-from ..repro.report import to_markdown
+from ..show import to_markdown
 from .draft import directory_megabytes
 
 

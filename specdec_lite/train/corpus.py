@@ -235,7 +235,7 @@ def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens
     1 unless given). ``families`` (e.g.
     ``["chat", "summarize"]``) restricts the prompts to those families; the 'summarize' template prompts are made
     from stored replies (``summary_prompts``)."""
-    from ..repro.progress import progress_bar
+    from ..show import progress_bar
 
     out_dir = Path(out_dir or paths.corpus_dir())
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -90,7 +90,7 @@ def teacher_topk(target, sequences, k: int = 32, batch_size: int = 16, progress:
     """The target's top-k next-token probabilities at every position of each sequence (teacher forcing).
     Returns [(indices (L, k) int32, probs (L, k) float16)] aligned with ``sequences`` (position i predicts
     token i+1)."""
-    from ..repro.progress import progress_bar
+    from ..show import progress_bar
 
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
     out = [None] * len(sequences)

@@ -46,7 +46,7 @@ def extract_features(target, corpus_dir: Path | None = None, out_dir: Path | Non
                      batch_size: int = 16, max_records: int | None = None, progress: bool = True) -> dict:
     """Write the target's last hidden state at every token of the first ``max_records`` corpus records (all by
     default) to ``out_dir``; resumes where an earlier run stopped. Returns the metadata (see ``load_features``)."""
-    from ..repro.progress import progress_bar
+    from ..show import progress_bar
 
     corpus_dir = Path(corpus_dir or paths.corpus_dir())
     index = load_index(corpus_dir)

@@ -179,7 +179,7 @@ class TrainingLoop:
 
     def run(self, progress: bool = True) -> list[dict]:
         """Train up to ``cfg.steps`` (or until ``cfg.max_minutes`` are spent); returns the log."""
-        from ..repro.progress import progress_bar
+        from ..show import progress_bar
 
         cfg = self.cfg
         if self.generator is None:
