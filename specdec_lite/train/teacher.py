@@ -141,7 +141,7 @@ def build_teacher_text(tokenizer, out_dir: Path | None = None, budget_tokens: in
     ``budget_tokens`` (``SHARES``; a document is stored whole, so a kind may pass its share by one document).
     Documents already stored (same package and path, or same text) are skipped, and so are those of a package
     that holds ``package_share`` of its kind's share. Returns the number of tokens added."""
-    from ..repro.progress import progress_bar
+    from ..show import progress_bar
 
     out_dir = Path(out_dir or teacher_dir())
     out_dir.mkdir(parents=True, exist_ok=True)
