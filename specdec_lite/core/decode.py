@@ -191,6 +191,15 @@ class Decoding:
     prompt_len: int
     max_new_tokens: int
     eos: list  # token ids that end a row
+    finished: torch.Tensor = field(init=False)  # (B,) rows that are done (``done()``), kept with the lengths
+
+    def __post_init__(self):
+        self.finished = self.done()
+
+    def advance(self, lengths: torch.Tensor) -> None:
+        """The rows' new lengths after a round, and which rows that finishes."""
+        self.lengths = lengths
+        self.finished = self.done()
 
     @classmethod
     def start(cls, input_ids, max_new_tokens: int, room: int, eos_token_id) -> "Decoding":
@@ -259,14 +268,14 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
     target_lm.reset(input_ids.shape[0])
     drafter.begin(input_ids)
-    while not bool(run.done().all()):
+    while not bool(run.finished.all()):
         one_round(target_lm, drafter, run, gamma, sampling, generator, stats, clock)
     return run.finish(stats, clock, start)
 
 
 def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, generator, stats, clock):
     """One round with a chain of drafts, for every row (rows already finished do not advance)."""
-    seq, lengths, active = run.seq, run.lengths, ~run.done()
+    seq, lengths, active = run.seq, run.lengths, ~run.finished
     # 1) draft: k <= gamma tokens and the q they were drawn from
     t0 = clock.now()
     drafts, q = drafter.propose(seq, lengths, gamma, sampling, generator)  # (B, k), (B, k, V) | None
@@ -291,7 +300,7 @@ def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gen
     emitted = torch.cat([drafts, next_token[:, None]], dim=1)
     emitted[torch.arange(len(n), device=seq.device), n] = next_token
     seq.scatter_(1, lengths[:, None] + torch.arange(k + 1, device=seq.device)[None, :], emitted)
-    run.lengths = torch.where(active, lengths + n + 1, lengths)
+    run.advance(torch.where(active, lengths + n + 1, lengths))
 
     # 5) rollback: caches keep everything but the newest token
     target_lm.crop(run.lengths - 1)
@@ -330,7 +339,7 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     # 4) emit the path's tokens, then next_token
     emitted = torch.tensor([int(tree.tokens[i]) for i in path] + [next_token], device=seq.device)
     seq[0, L: L + len(emitted)] = emitted
-    run.lengths = run.lengths + len(emitted)
+    run.advance(run.lengths + len(emitted))
 
     # 5) keep only the root's and the path's cache entries; the drafter sees the same
     target_lm.compact(compact_indices(path, L - 1))
@@ -356,10 +365,9 @@ def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
     target_lm.reset(run.seq.shape[0])
     rows = torch.arange(run.seq.shape[0], device=run.seq.device)
-    done = run.done()
-    while not bool(done.all()):
+    while not bool(run.finished.all()):
         t0 = clock.now()
-        seq, lengths = run.seq, run.lengths
+        seq, lengths, done = run.seq, run.lengths, run.finished
         logits = feed_unseen(target_lm, seq, lengths, num_logits=1)  # (B, 1, V); the prompt in the first step
         seen = seen_mask(seq, lengths, seq[:, :0], target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
         if sampling.greedy:
@@ -368,9 +376,8 @@ def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
             next_token = sample(probs_from_logits(logits[:, -1], sampling, None if seen is None else seen[:, -1]),
                                 generator)
         seq[rows, lengths] = torch.where(done, seq[rows, lengths], next_token)
-        run.lengths = torch.where(done, lengths, lengths + 1)
+        run.advance(torch.where(done, lengths, lengths + 1))
         target_lm.crop(run.lengths - 1)  # finished rows forget the token they were fed
         stats.record([], [], 0.0, clock.now() - t0)
-        done = run.done()
     stats.accepted_lengths = [1] * stats.rounds  # one token a round
     return run.finish(stats, clock, start)

@@ -58,13 +58,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 
 
-def cpu_flags() -> set[str]:
-    """The instruction-set flags /proc/cpuinfo lists for this CPU (empty where it cannot be read)."""
+def cpuinfo(field: str) -> list[str]:
+    """The values /proc/cpuinfo gives ``field`` ("flags", "model name"), one per core (empty where it cannot be
+    read)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return set()
-    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+        return []
+    return [line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == field]
+
+
+def cpu_flags() -> set[str]:
+    """The instruction-set flags /proc/cpuinfo lists for this CPU (empty where it cannot be read)."""
+    return {flag for line in cpuinfo("flags") for flag in line.split()}
 
 
 def has_native_bfloat16(flags: set[str]) -> bool:

@@ -18,6 +18,7 @@ from ..core.batch_invariance import is_batch_invariant
 from ..core.models import dtype_name, load_model, native_dtypes
 
 SAME_CONFIG = "autoregressive"  # the method row of plain decoding by ours on the run's own target
+OWN_PLAIN = (SAME_CONFIG, "transformers generate")  # plain decoding rows of the run's own target (unlabelled)
 
 
 def plain_candidates(target) -> dict:
@@ -34,12 +35,6 @@ def plain_candidates(target) -> dict:
         except MemoryError:
             continue
     return out
-
-
-def candidate_names(target_is_plain: bool, others) -> list[str]:
-    """The method names of the baseline candidates in a ``evaluate.run_prompts`` table."""
-    own = [SAME_CONFIG, "transformers generate"] if target_is_plain else []
-    return own + [name for label in others for name in (f"autoregressive, {label}", f"transformers generate, {label}")]
 
 
 def fastest(runs: pd.DataFrame) -> str:
@@ -62,7 +57,7 @@ def over_fastest(runs: pd.DataFrame, own: str = "") -> pd.DataFrame:
     runs = runs.copy()
     for _, at in runs.groupby("temperature", sort=False):
         name = fastest(at)
-        runs.loc[at.index, "baseline"] = name if "," in name or not own else f"{name}, {own}"
+        runs.loc[at.index, "baseline"] = f"{name}, {own}" if own and name in OWN_PLAIN else name
         runs.loc[at.index, "speedup"] = speedup_over(at, name)
     return runs
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import pandas as pd
 import torch
 
 from ..core.decode import Clock
 from ..core.lm import HFCausalLM
-from ..core.models import EMBEDDED_TARGET, cpu_flags, dtype_name, load_model, native_dtypes, resolve_device
+from ..core.models import EMBEDDED_TARGET, cpu_flags, cpuinfo, dtype_name, load_model, native_dtypes, resolve_device
 from ..core.sampling import SamplingParams
 from ..drafts.loading import load_draft
 from . import baseline
@@ -86,8 +85,7 @@ def machine() -> str:
     """The CPU's model name, core count and native half-precision flags (or the GPU's name)."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
-    names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")] \
-        if Path("/proc/cpuinfo").exists() else ["unknown CPU"]
+    names = cpuinfo("model name") or ["unknown CPU"]
     native = sorted({"avx512_bf16", "amx_bf16", "avx512_fp16"} & cpu_flags()) or ["no native half precision"]
     return f"{names[0]}, {len(names)} cores, {' '.join(native)}"
 
@@ -166,13 +164,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     start = time.perf_counter()
     runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma)
-    summary = table(runs)
+    summary, where = table(runs), machine()
     if args.out:
-        summary.assign(machine=machine(), prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(
+        summary.assign(machine=where, prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(
             args.out, index=False)
     with pd.option_context("display.width", 220, "display.max_columns", 20, "display.precision", 2):
         print(summary.to_string(index=False))
-    print(machine())
+    print(where)
     print(f"\n{runs.id.nunique()} prompts, {args.max_new_tokens} tokens a run (EOS ignored); {torch.get_num_threads()} "
           f"threads, torch {torch.__version__}; {time.perf_counter() - start:.0f} s")
 

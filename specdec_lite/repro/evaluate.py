@@ -128,9 +128,6 @@ def first_divergence(tokens: torch.Tensor, reference: torch.Tensor) -> float:
     return float("nan") if len(tokens) == len(reference) else float(n)
 
 
-WARMUP_TOKENS = 16  # each method's untimed first call, on the first prompt
-
-
 def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_tokens=128,
                 sampling=SamplingParams(temperature=0), seed=0, progress=True, transformers: dict | None = None,
                 plain: dict | None = None) -> pd.DataFrame:
@@ -160,8 +157,9 @@ def time_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_t
     for name, assist in (transformers or {}).items():
         runs[name] = lambda x, a=assist: transformers_generate(
             target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos=None, **a)
-    runs.update(plain_methods(target, plain or {}, max_new_tokens, sampling, seed))
-    candidates = baseline.candidate_names(not is_batch_invariant(target), plain or {})
+    others = plain_methods(target, plain or {}, max_new_tokens, sampling, seed)
+    runs.update(others)
+    candidates = set(others) | (set(baseline.OWN_PLAIN) if not is_batch_invariant(target) else set())
     warm(runs, chat_ids(tokenizer, prompts[0]["prompt"], target.device))  # one untimed call each
     rows = []
     for i, p in enumerate(progress_bar(prompts, desc="prompts", disable=not progress)):

@@ -12,7 +12,6 @@ gives an explicit "not measured yet" line instead of its section.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 from dataclasses import dataclass
