@@ -73,7 +73,7 @@ def test_run_prompts_times_every_candidate_on_equal_work():
     target, other = tiny_llama(), tiny_llama(seed=5)
     prompts = [{"id": "a", "task": "code", "prompt": "abcabc"}, {"id": "b", "task": "dialogue", "prompt": "hello"}]
     runs = evaluate.run_prompts(target, WordTokenizer(), {"tiny": tiny_llama(layers=1, seed=1)}, prompts,
-                                max_new_tokens=7, progress=False, transformers=evaluate.transformers_methods(target),
+                                max_new_tokens=7, progress=False, transformers=evaluate.transformers_methods(),
                                 plain={"copy": other})
     assert set(runs.method) == {"autoregressive", "tiny", "transformers generate", "transformers prompt lookup",
                                 "autoregressive, copy", "transformers generate, copy"}

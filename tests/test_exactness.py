@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import specdec_lite as sd
+from specdec_lite.core.decode import EXACT
 from specdec_lite.repro import unbiased
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
-from specdec_lite.repro.mutants import MUTANTS, patched
+from specdec_lite.repro.mutants import MUTANTS, NO_EXACT_LAW
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
 from specdec_lite.repro.toy import article000_pair, article004_pair, random_pair
 
@@ -52,8 +53,8 @@ def test_exact_law_with_point_mass_ngram_draft(pair):
 
 
 # ---------------------------------------------------------------- Monte Carlo through the loop
-def first_tokens(target, draft, n_samples=N_SAMPLES, seed=0, sampling=sd.SamplingParams()):
-    return unbiased.first_tokens(target, draft, n_samples, GAMMA, N_TOKENS, seed=seed, sampling=sampling)
+def first_tokens(target, draft, n_samples=N_SAMPLES, seed=0, sampling=sd.SamplingParams(), verifier=EXACT):
+    return unbiased.first_tokens(target, draft, n_samples, GAMMA, N_TOKENS, seed, sampling, verifier)
 
 
 def chi_square(samples, law):
@@ -87,14 +88,12 @@ def test_monte_carlo_with_sampling_settings_and_ngram():
 def test_statistical_tests_reject_broken_verifiers(mutant):
     target, draft = random_pair(6, 0.5, 0)
     law = exact_target_distribution(target, [0], N_TOKENS)
-    loop_patches, exact_patches = MUTANTS[mutant]
-    if exact_patches is not None:
-        with patched(exact_patches):
-            broken_law = exact_speculative_distribution(target, draft, [0], GAMMA, N_TOKENS)
+    broken = MUTANTS[mutant]
+    if mutant not in NO_EXACT_LAW:
+        broken_law = exact_speculative_distribution(target, draft, [0], GAMMA, N_TOKENS, verifier=broken)
         # the exact check sees the bug, and the Monte Carlo test has the power to see it
         assert max_abs_difference(broken_law, law) > 1e-3
         assert power(law, broken_law) > 0.99
-    with patched(loop_patches):
-        assert chi_square(first_tokens(target, draft), law) < 1e-6
-    # and the patches are gone again: the real verifier passes
+    assert chi_square(first_tokens(target, draft, verifier=broken), law) < 1e-6
+    # the same samples' size with the exact verifier passes
     assert chi_square(first_tokens(target, draft, seed=5), law) > LEVEL

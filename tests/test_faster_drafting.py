@@ -163,7 +163,7 @@ def test_transformers_generate_greedy_matches_ours_on_a_tiny_llama():
     ours = sd.autoregressive_generate(model, x, max_new_tokens=12, sampling=GREEDY).tokens
     theirs = evaluate.transformers_generate(model, x, max_new_tokens=12, sampling=GREEDY, seed=0, eos=None)
     assert torch.equal(theirs.tokens, ours) and theirs.stats.new_tokens == 12 and theirs.stats.total_seconds > 0
-    methods = evaluate.transformers_methods(model, tiny_llama(vocab=64, layers=1, seed=4))
+    methods = evaluate.transformers_methods(tiny_llama(vocab=64, layers=1, seed=4))
     assert set(methods) == {"transformers generate", "transformers prompt lookup", "transformers assisted (trained draft)"}
 
 

@@ -19,7 +19,7 @@ from specdec_lite.drafts import heads
 from specdec_lite.repro import tasks
 from specdec_lite.train import corpus, features
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
-from specdec_lite.repro.mutants import MUTANTS, patched
+from specdec_lite.repro.mutants import MUTANTS
 from specdec_lite.train.heads import HeadTrainConfig, HeadTrainer, check_kinds, load_dataset
 
 from conftest import tiny_llama
@@ -62,8 +62,7 @@ def test_exact_check_sees_a_broken_verifier_with_heads(kind):
     target = tiny_llama(vocab=5, hidden=32, seed=3)
     draft = random_head_draft(target, kind, num_heads=2)
     ref = exact_target_distribution(target, [1, 2], 3)
-    with patched(MUTANTS["residual from p"][1]):
-        broken = exact_speculative_distribution(target, draft, [1, 2], 2, 3)
+    broken = exact_speculative_distribution(target, draft, [1, 2], 2, 3, verifier=MUTANTS["residual from p"])
     assert max_abs_difference(broken, ref) > 1e-3
 
 

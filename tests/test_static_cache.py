@@ -8,7 +8,7 @@ from specdec_lite.core import memory
 from specdec_lite.core.lm import HFCausalLM, static_state, use_dynamic_cache, use_static_cache
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 
-from conftest import tiny_llama
+from conftest import DEVICE, tiny_llama
 from test_loop import CheckedLM, prompt
 
 GREEDY = sd.SamplingParams(temperature=0)
@@ -151,20 +151,19 @@ def test_memory_is_checked_before_loading(local_pairs, monkeypatch):
 
 def test_greedy_identity_of_the_embedded_target_on_the_static_path(embedded):
     """The embedded target with a static cache: static speculative (the trained draft, static too; layer skip;
-    n-gram) == static autoregressive == transformers' generate."""
-    model, tokenizer = embedded
+    n-gram) == static autoregressive == transformers' generate. The static model is a copy of its own, so the
+    shared fixture stays as it is."""
+    reference_model, tokenizer = embedded
     x = tokenizer.apply_chat_template([{"role": "user", "content": "List three uses of a cache."}],
                                       add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    reference = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False,
-                               pad_token_id=tokenizer.eos_token_id)[0, x.shape[1]:]
-    use_static_cache(model, max_length=256)
-    try:
-        draft = sd.load_draft(sd.EMBEDDED_DRAFT, model)
-        assert static_state(draft).max_length == 256  # a draft model follows the target's cache kind
-        ours = sd.autoregressive_generate(model, x, max_new_tokens=32, sampling=GREEDY)
-        assert torch.equal(ours.tokens, reference)
-        for kind in (draft, sd.LayerSkipDraft(model, exit_layer=20), sd.NGramDraft()):
-            spec = sd.speculative_generate(model, kind, x, gamma=4, max_new_tokens=32, sampling=GREEDY)
-            assert torch.equal(spec.tokens, reference), type(kind).__name__
-    finally:
-        use_dynamic_cache(model)  # the fixture is shared with other tests
+    reference = reference_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, do_sample=False,
+                                         pad_token_id=tokenizer.eos_token_id)[0, x.shape[1]:]
+    model, _ = sd.load_model(sd.EMBEDDED_TARGET, device=DEVICE, dtype=torch.float32, cache="static", max_cache_len=256)
+    draft = sd.load_draft(sd.EMBEDDED_DRAFT, model)
+    assert static_state(draft).max_length == 256  # a draft model follows the target's cache kind
+    assert static_state(reference_model) is None
+    ours = sd.autoregressive_generate(model, x, max_new_tokens=32, sampling=GREEDY)
+    assert torch.equal(ours.tokens, reference)
+    for kind in (draft, sd.LayerSkipDraft(model, exit_layer=20), sd.NGramDraft()):
+        spec = sd.speculative_generate(model, kind, x, gamma=4, max_new_tokens=32, sampling=GREEDY)
+        assert torch.equal(spec.tokens, reference), type(kind).__name__

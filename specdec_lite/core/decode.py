@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -20,8 +21,26 @@ from .drafter import Drafter, as_drafter
 from .lm import as_language_model, feed_unseen, tokenizer_of
 from .tokenizers import check_tokenizers
 from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
-from .tree import attention_mask, compact_indices, positions, verify_tree, verify_tree_greedy
-from .verify import verify, verify_greedy
+from .tree import (attention_mask, compact_indices, positions, tree_outcome_distribution, verify_tree,
+                   verify_tree_greedy)
+from .verify import outcome_distribution, verify, verify_greedy
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """What checks the drafts at T > 0, as the loop samples it and as its exact law: a chain's ``verify`` and
+    ``outcome_distribution``, a token tree's ``verify_tree`` and ``tree_outcome_distribution``, and the cache slots
+    a tree round keeps. The default is the exact one; the mutation tests hand the loop and the enumeration broken
+    ones (``repro/mutants.py``)."""
+
+    chain: Callable = verify
+    chain_law: Callable = outcome_distribution
+    tree: Callable = verify_tree
+    tree_law: Callable = tree_outcome_distribution
+    keep: Callable = compact_indices
+
+
+EXACT = Verifier()
 
 
 @dataclass
@@ -245,7 +264,7 @@ def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch
 # ---------------------------------------------------------------- the loop
 def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_tokens: int = 128,
                          sampling: SamplingParams = SamplingParams(), seed: int = 0, eos_token_id=None,
-                         timed: bool = True) -> Generation:
+                         timed: bool = True, verifier: Verifier = EXACT) -> Generation:
     """Speculative decoding: ``draft`` proposes gamma tokens, ``target`` verifies them in one forward.
 
     target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's
@@ -253,7 +272,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     (T,) or (B, T); batches of more than one row need toy models (Hugging Face caches roll back all rows together).
     With ``sampling.temperature == 0`` the output is the target's own greedy output, token for token (bitwise
     where the target's forwards are batch-invariant, see ``load_model``). ``timed=False`` skips the per-round
-    device synchronization (the stats' per-phase seconds then mean little on a GPU).
+    device synchronization (the stats' per-phase seconds then mean little on a GPU). ``verifier`` is the exact
+    one unless a test hands in a broken one.
     """
     target_lm, drafter = as_language_model(target), as_drafter(draft, target)
     max_length, context_name = context_limit(target_lm, getattr(drafter, "lm", None))
@@ -269,11 +289,11 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     target_lm.reset(input_ids.shape[0])
     drafter.begin(input_ids)
     while not bool(run.finished.all()):
-        one_round(target_lm, drafter, run, gamma, sampling, generator, stats, clock)
+        one_round(target_lm, drafter, run, gamma, sampling, generator, stats, clock, verifier)
     return run.finish(stats, clock, start)
 
 
-def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, generator, stats, clock):
+def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, generator, stats, clock, verifier):
     """One round with a chain of drafts, for every row (rows already finished do not advance)."""
     seq, lengths, active = run.seq, run.lengths, ~run.finished
     # 1) draft: k <= gamma tokens and the q they were drawn from
@@ -294,7 +314,7 @@ def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gen
     if sampling.greedy:
         n, next_token = verify_greedy(drafts, greedy_choice(logits, sampling, seen))
     else:
-        n, next_token = verify(drafts, q, probs_from_logits(logits, sampling, seen), generator)
+        n, next_token = verifier.chain(drafts, q, probs_from_logits(logits, sampling, seen), generator)
 
     # 4) emit x_1..x_n, next_token
     emitted = torch.cat([drafts, next_token[:, None]], dim=1)
@@ -308,7 +328,7 @@ def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gen
     stats.record(n[active].tolist(), [k] * int(active.sum()), t1 - t0, clock.now() - t1)
 
 
-def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, generator, stats, clock):
+def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, generator, stats, clock, verifier):
     """One round with a token tree (batch 1): propose a tree of depth <= gamma, score every node in one forward,
     walk down the accepted path, keep only its cache entries."""
     seq, L = run.seq, int(run.lengths[0])
@@ -334,7 +354,7 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     if sampling.greedy:
         path, next_token = verify_tree_greedy(tree, node_logits.argmax(-1))
     else:
-        path, next_token = verify_tree(tree, probs_from_logits(node_logits, sampling), generator)
+        path, next_token = verifier.tree(tree, probs_from_logits(node_logits, sampling), generator)
 
     # 4) emit the path's tokens, then next_token
     emitted = torch.tensor([int(tree.tokens[i]) for i in path] + [next_token], device=seq.device)
@@ -342,7 +362,7 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     run.advance(run.lengths + len(emitted))
 
     # 5) keep only the root's and the path's cache entries; the drafter sees the same
-    target_lm.compact(compact_indices(path, L - 1))
+    target_lm.compact(verifier.keep(path, L - 1))
     if drafter.uses_target_features:
         rows = torch.tensor(list(range(prefix)) + [prefix - 1 + i for i in path], device=hidden.device)
         drafter.observe(hidden[:, rows], cached)

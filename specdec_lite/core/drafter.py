@@ -14,6 +14,7 @@ the positions it fed, ``first_position`` onwards. The rollback that follows says
 from __future__ import annotations
 
 import copy
+from typing import Protocol
 
 import torch
 
@@ -47,6 +48,21 @@ def confidence_of(logits: torch.Tensor) -> float:
     return float(torch.softmax(logits.float(), dim=-1).max(-1).values.min())
 
 
+class LengthPolicy(Protocol):
+    """When a drafter stops within a round (``drafts.trees.AdaptiveLength``): ``keep_going`` reads the draft's
+    confidence in its next token; ``update`` learns from how many of the proposed tokens the verifier kept."""
+
+    def keep_going(self, confidence: float) -> bool: ...
+
+    def update(self, proposed: int, accepted: int) -> None: ...
+
+
+def stops_here(policy: LengthPolicy | None, logits: torch.Tensor) -> bool:
+    """The adaptive stop, before drafting from ``logits`` (B, V): a policy is given and the draft is not
+    confident enough of its next token."""
+    return policy is not None and not policy.keep_going(confidence_of(logits))
+
+
 def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generator):
     """One draft token per row from next-token logits (B, V), after the tokens ``drafted`` so far this round:
     (token (B,), the distribution q (B, V) it was drawn from, under the same sampling settings as the target)."""
@@ -62,10 +78,10 @@ def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generato
 class ModelDraft(Drafter):
     """An independent draft model with its own KV cache: samples gamma tokens autoregressively from q."""
 
-    def __init__(self, model, adaptive=None):
+    def __init__(self, model, adaptive: LengthPolicy | None = None):
         self.lm = as_language_model(model, role="draft")
         self.vocab_size = self.lm.vocab_size
-        self.adaptive = adaptive  # an AdaptiveLength (drafts/trees.py): stop when the draft is unsure
+        self.adaptive = adaptive  # when to stop drafting within a round (None: always gamma tokens)
         self._proposed, self._start = 0, None
 
     def begin(self, input_ids: torch.Tensor) -> None:
@@ -77,7 +93,7 @@ class ModelDraft(Drafter):
         logits = feed_unseen(self.lm, seq, lengths, num_logits=1)[:, -1]  # (B, V)
         tokens, qs = [], []
         for i in range(gamma):
-            if self.adaptive is not None and not self.adaptive.keep_going(confidence_of(logits)):
+            if stops_here(self.adaptive, logits):
                 break  # the draft's own probability of its next token is too low: stop here
             x_i, q_i = draw(logits, seq, lengths, tokens, sampling, generator)
             tokens.append(x_i)

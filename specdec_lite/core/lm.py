@@ -22,28 +22,27 @@ bound by kernel launches. Both run the same loop, verifier and rollback.
 from __future__ import annotations
 
 import inspect
-import weakref
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
-# Tokenizers known for models: filled by ``models.load_model`` and ``register_tokenizer``; read by the
-# compatibility checks. A weak mapping, so it never keeps a model alive.
-_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# What specdec_lite knows of a Hugging Face model is kept on the model itself, in two attributes: its tokenizer
+# (read by the compatibility checks) and its static-cache settings (read by the wrapper).
+TOKENIZER_ATTRIBUTE = "specdec_tokenizer"
+STATIC_CACHE_ATTRIBUTE = "specdec_static_cache"
 
 
 def register_tokenizer(model: torch.nn.Module, tokenizer) -> None:
-    """Tell specdec_lite which tokenizer a Hugging Face model uses (``load_model`` does this for you)."""
-    _TOKENIZERS[model] = tokenizer
+    """Tell specdec_lite which tokenizer a Hugging Face model uses (``load_model`` does this for you); it is kept
+    on the model as ``model.specdec_tokenizer``."""
+    setattr(model, TOKENIZER_ATTRIBUTE, tokenizer)
 
 
 def tokenizer_of(model):
-    try:
-        return _TOKENIZERS.get(model)
-    except TypeError:
-        return None
+    """The tokenizer registered for ``model``, or None."""
+    return getattr(model, TOKENIZER_ATTRIBUTE, None)
 
 
 def usable_vocab_size(model: torch.nn.Module) -> int:
@@ -70,18 +69,19 @@ class StaticState:
     forward: object = None  # has a "target" and a "draft" cache; the compiled forward is made on first use
 
 
-_STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 EAGER_ABOVE = 16  # feeds of more tokens (the prompt) run eagerly; shorter ones (decode, verify) use the compiled forward
 
 
 def use_static_cache(model: torch.nn.Module, max_length: int = 2048, compile: bool = False) -> torch.nn.Module:
     """Run ``model`` with a preallocated ``StaticCache`` of ``max_length`` tokens per row (prompt + max_new_tokens
     + gamma must fit; longer requests are refused before any work), its decode and verification forwards
-    compiled when ``compile`` (CUDA: CUDA graphs). Returns the model. ``use_dynamic_cache`` undoes it."""
+    compiled when ``compile`` (CUDA: CUDA graphs). The settings are kept on the model
+    (``model.specdec_static_cache``); wrappers made afterwards use them. Returns the model. ``use_dynamic_cache``
+    undoes it."""
     if not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length (tokens preallocated per row) must be an integer >= 2, got {max_length!r}")
     check_static_placement(getattr(model, "hf_device_map", None))
-    _STATIC[model] = StaticState(max_length=max_length, compile=compile)
+    setattr(model, STATIC_CACHE_ATTRIBUTE, StaticState(max_length=max_length, compile=compile))
     return model
 
 
@@ -96,12 +96,13 @@ def check_static_placement(device_map: dict | None) -> None:
 
 def static_state(model: torch.nn.Module) -> StaticState | None:
     """The static-cache settings of a model given to ``use_static_cache`` (None: dynamic cache)."""
-    return _STATIC.get(model)
+    return getattr(model, STATIC_CACHE_ATTRIBUTE, None)
 
 
 def use_dynamic_cache(model: torch.nn.Module) -> torch.nn.Module:
     """Back to transformers' growing ``DynamicCache`` (the default)."""
-    _STATIC.pop(model, None)
+    if static_state(model) is not None:
+        delattr(model, STATIC_CACHE_ATTRIBUTE)
     return model
 
 
@@ -120,7 +121,7 @@ class HFCausalLM:
         self.role = role  # which of a model's static caches this wrapper uses ("target" or "draft")
         self.vocab_size = vocab_size or usable_vocab_size(model)
         self.max_length = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
-        self.static = _STATIC.get(model)
+        self.static = static_state(model)
         self.context_name = "the model's context"
         if self.static is not None:
             self.max_length = min(self.max_length or self.static.max_length, self.static.max_length)

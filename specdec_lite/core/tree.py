@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .sampling import at_least_float32
-from .verify import acceptance_probability, residual_distribution
+from .verify import EXACT_RULE, Rule
 
 
 @dataclass
@@ -135,37 +135,24 @@ class TreeBuilder:
         return Tree(torch.tensor(self.tokens), torch.tensor(self.parents), q, torch.tensor(self.drawn))
 
 
-def acceptance(r: torch.Tensor, q_c: torch.Tensor, x: int) -> torch.Tensor:
-    """min(1, r(x) / q_c(x)) for a child with token x drawn (or chosen) from q_c: the chain's rule."""
-    return acceptance_probability(r[x], q_c[x])
-
-
-def node_distribution(tree: Tree, p: torch.Tensor, node: int) -> torch.Tensor:
-    """The target's distribution at ``node``: what its children compete for, and the bonus at a leaf."""
-    return p[node]
-
-
-def sibling_residual(r: torch.Tensor, p_node: torch.Tensor, q_c: torch.Tensor) -> torch.Tensor:
-    """After a child drawn from q_c is rejected, the next sibling competes for norm((r - q_c)+)."""
-    return residual_distribution(r, q_c)
-
-
-def verify_tree(tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None) -> tuple[list[int], int]:
+def verify_tree(tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None,
+                rule: Rule = EXACT_RULE) -> tuple[list[int], int]:
     """Sampling verification of a tree. p: (n, V) the target's distributions at every node.
     Returns (accepted node indices, root to leaf, excluding the root; the next token)."""
     p = at_least_float32(p)
     V = p.shape[-1]
     path, node = [], 0
     while True:
-        r = p_node = node_distribution(tree, p, node)
+        r = p[node]  # what the children compete for, and the bonus at a leaf
         for child in tree.children(node):
             q_c = tree.child_distribution(child, V, r.dtype)
+            x = int(tree.tokens[child])
             u = torch.rand((), generator=generator, device=r.device, dtype=r.dtype)
-            if u < acceptance(r, q_c, int(tree.tokens[child])):
+            if u < rule.accept(r[x], q_c[x]):
                 path.append(child)
                 node = child
                 break
-            r = sibling_residual(r, p_node, q_c)  # rejected: the next sibling competes for what is left
+            r = rule.residual(r, q_c)  # rejected: the next sibling competes for what is left
         else:  # every child rejected, or a leaf: emit from what is left (the bonus token at a leaf)
             return path, int(torch.multinomial(r, 1, generator=generator))
 
@@ -183,24 +170,25 @@ def verify_tree_greedy(tree: Tree, target_argmax: torch.Tensor) -> tuple[list[in
         path.append(node)
 
 
-def tree_outcome_distribution(tree: Tree, p: torch.Tensor) -> dict:
+def tree_outcome_distribution(tree: Tree, p: torch.Tensor, rule: Rule = EXACT_RULE) -> dict:
     """The exact law of ``verify_tree``'s output: {(accepted tokens..., next token): probability}, built from
-    the same acceptance and residual rules (for the exact-enumeration tests)."""
+    the same ``rule`` (for the exact-enumeration tests)."""
     p = p.double()
     V = p.shape[-1]
     out: dict = {}
 
     def walk(node: int, prefix: tuple, prob: float):
-        r = p_node = node_distribution(tree, p, node)
+        r = p[node]
         for child in tree.children(node):
             q_c = tree.child_distribution(child, V)
-            a = float(acceptance(r, q_c, int(tree.tokens[child])))
+            x = int(tree.tokens[child])
+            a = float(rule.accept(r[x], q_c[x]))
             if a > 0:
-                walk(child, prefix + (int(tree.tokens[child]),), prob * a)
+                walk(child, prefix + (x,), prob * a)
             prob *= 1 - a
             if prob == 0:
                 return
-            r = sibling_residual(r, p_node, q_c)
+            r = rule.residual(r, q_c)
         for y in r.nonzero().flatten().tolist():
             key = prefix + (y,)
             out[key] = out.get(key, 0.0) + prob * float(r[y])

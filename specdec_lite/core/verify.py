@@ -11,8 +11,15 @@ Point-mass drafts (n-gram lookup) pass ``q=None``: q_i is the one-hot of x_i, so
 p_i(x_i) and the residual is p_i with x_i removed.
 
 Everything is vectorized over the batch B and the vocabulary V; the generator is explicit.
+
+The two pieces of the rule, the acceptance probability and the residual, travel together as a ``Rule``; every
+verifier and exact law takes one (the exact ``EXACT_RULE`` by default), so the mutation tests can hand in a broken
+piece instead of patching this module (``repro/mutants.py``).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -30,6 +37,17 @@ def residual_distribution(p_row: torch.Tensor, q_row: torch.Tensor) -> torch.Ten
     r = (p_row - q_row).clamp_min(0.0)
     mass = r.sum(-1, keepdim=True)
     return torch.where(mass > 0, r / mass.clamp_min(1e-38), p_row)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The pieces every verifier is built from: accept(p_x, q_x) and residual(p_row, q_row)."""
+
+    accept: Callable = acceptance_probability
+    residual: Callable = residual_distribution
+
+
+EXACT_RULE = Rule()
 
 
 def _draft_probs_of(draft_tokens: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
@@ -67,7 +85,7 @@ def check_shapes(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
 
 
 def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           generator: torch.Generator | None = None, rule: Rule = EXACT_RULE) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact rejection sampling for a batch of drafts.
 
     draft_tokens: (B, gamma) long; q: (B, gamma, V) draft probabilities or None (point-mass draft);
@@ -83,7 +101,7 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
 
     # 1) accept x_i with probability min(1, p_i(x_i)/q_i(x_i))
     p_x = p[:, :gamma].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # (B, gamma)
-    a = acceptance_probability(p_x, _draft_probs_of(draft_tokens, q).to(p.dtype))  # (B, gamma)
+    a = rule.accept(p_x, _draft_probs_of(draft_tokens, q).to(p.dtype))  # (B, gamma)
     u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype)
     accepted = u < a
     # 2) the run of acceptances before the first rejection
@@ -92,7 +110,7 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     # 3) the next token: from norm((p - q)+) at the first rejection; from p[:, gamma] (q row = 0) after all
     p_next = p[rows, num_accepted]  # (B, V)
     q_next = _draft_row_at(draft_tokens, q, num_accepted, V, p.dtype)  # (B, V), zeros at the bonus position
-    next_token = torch.multinomial(residual_distribution(p_next, q_next), 1, generator=generator).squeeze(-1)
+    next_token = torch.multinomial(rule.residual(p_next, q_next), 1, generator=generator).squeeze(-1)
     return num_accepted, next_token
 
 
@@ -108,17 +126,18 @@ def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> tu
     return num_accepted, next_token
 
 
-def outcome_distribution(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> torch.Tensor:
+def outcome_distribution(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+                         rule: Rule = EXACT_RULE) -> torch.Tensor:
     """The exact law of ``verify``'s output given the drafts: (B, gamma+1, V), entry [b, k, v] is
-    P(num_accepted = k, next_token = v). Built from the same two pieces as ``verify`` (acceptance probability
-    and residual), so the exact-enumeration tests check the rule ``verify`` samples from.
+    P(num_accepted = k, next_token = v). Built from the same ``rule`` as ``verify``, so the exact-enumeration
+    tests check the rule ``verify`` samples from.
     """
     check_shapes(draft_tokens, q, p)
     B, gamma = draft_tokens.shape
     V = p.shape[-1]
     p = p.double()
     p_x = p[:, :gamma].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    a = acceptance_probability(p_x, _draft_probs_of(draft_tokens, q).double())  # (B, gamma)
+    a = rule.accept(p_x, _draft_probs_of(draft_tokens, q).double())  # (B, gamma)
     ones = torch.ones(B, 1, dtype=a.dtype, device=a.device)
     reach = torch.cat([ones, a.cumprod(dim=1)], dim=1)  # P(first k all accepted), (B, gamma+1)
     stop = torch.cat([1 - a, ones], dim=1)  # P(stop at k | reached k)
@@ -126,5 +145,5 @@ def outcome_distribution(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: 
     for k in range(gamma + 1):
         index = torch.full((B,), k, device=p.device)
         q_row = _draft_row_at(draft_tokens, q, index, V, torch.float64)
-        out.append((reach[:, k] * stop[:, k]).unsqueeze(-1) * residual_distribution(p[:, k], q_row))
+        out.append((reach[:, k] * stop[:, k]).unsqueeze(-1) * rule.residual(p[:, k], q_row))
     return torch.stack(out, dim=1)

@@ -245,14 +245,18 @@ class FeatureDraft(Drafter):
         N, g = proposals.shape
         device = self.output.weight.device
         context, proposals = context.to(device), proposals.to(device)
-        out = self.target(input_ids=context[None, :-1], output_hidden_states=True, logits_to_keep=1)
-        feats = out.hidden_states[-1].to(self.head_dtype).expand(N, -1, -1)  # f_0..f_{L-2}
-        seq = context[None].expand(N, -1)
         seen = None
         if sampling.repetition_penalty != 1.0:
+            seq = context[None].expand(N, -1)
             seen = seen_mask(seq, torch.full((N,), len(context), device=device), proposals, self.vocab_size)
-        logits = self._reference_logits(feats, seq, proposals)  # (N, g, V)
+        logits = self._reference_logits(context, proposals)  # (N, g, V)
         return probs_from_logits(logits, sampling, None if seen is None else seen[:, :g])
+
+    def context_features(self, context: torch.Tensor, n: int) -> torch.Tensor:
+        """The target's features f_0..f_{L-2} of ``context`` (1-D, L tokens), one target forward, repeated for
+        ``n`` rows: (n, L-1, H)."""
+        out = self.target(input_ids=context[None, :-1], output_hidden_states=True, logits_to_keep=1)
+        return out.hidden_states[-1].to(self.head_dtype).expand(n, -1, -1)
 
 
 class EagleDraft(FeatureDraft):
@@ -295,10 +299,12 @@ class EagleDraft(FeatureDraft):
         self.real_length = L - 1
         return predicted
 
-    def _reference_logits(self, feats, seq, proposals):
-        features, tokens, logits = feats, seq[:, 1:], []
+    def _reference_logits(self, context, proposals):
+        features, logits = self.context_features(context, len(proposals)), []
+        tokens = context[None, 1:].expand(len(proposals), -1)
         for i in range(proposals.shape[1]):  # no cache: every step recomputes the whole sequence
-            predicted = self.head(features, self.embed(tokens), torch.arange(features.shape[1], device=seq.device))
+            positions = torch.arange(features.shape[1], device=context.device)
+            predicted = self.head(features, self.embed(tokens), positions)
             logits.append(self.output.logits(predicted[:, -1]))
             features = torch.cat([features, predicted[:, -1:]], dim=1)
             tokens = torch.cat([tokens, proposals[:, i: i + 1]], dim=1)
@@ -329,8 +335,9 @@ class MedusaDraft(FeatureDraft):
     def proposal_length(self, gamma: int) -> int:
         return min(gamma, self.cfg.num_heads)
 
-    def _reference_logits(self, feats, seq, proposals):
-        return self.output.logits(self.head(feats[:, -1]))[:, : proposals.shape[1]]
+    def _reference_logits(self, context, proposals):
+        feature = self.context_features(context, len(proposals))[:, -1]
+        return self.output.logits(self.head(feature))[:, : proposals.shape[1]]
 
 
 def make_drafter(head: nn.Module, cfg: HeadConfig, target: nn.Module, vocab_ids=None) -> FeatureDraft:

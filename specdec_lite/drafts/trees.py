@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.drafter import Drafter, confidence_of
+from ..core.drafter import Drafter, stops_here
 from ..core.lm import as_language_model
 from ..core.sampling import SamplingParams, probs_from_logits
 from ..core.tree import Tree, TreeBuilder
@@ -94,7 +94,7 @@ class EagleTreeDraft(Drafter):
         for depth in range(gamma):
             logits = self.eagle.output.logits(predicted[0, -1])  # (V,)
             token = int(logits.argmax())
-            if self.adaptive is not None and not self.adaptive.keep_going(confidence_of(logits[None])):
+            if stops_here(self.adaptive, logits[None]):
                 break
             node = builder.add(parent, token)
             if self.width > 1:

@@ -68,7 +68,7 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     for t in temperatures:
         for label, model in configs.items():
             hf = {} if "batch-invariant" in label else {
-                "transformers prompt lookup": transformers_methods(model)["transformers prompt lookup"]}
+                "transformers prompt lookup": transformers_methods()["transformers prompt lookup"]}
             runs = time_prompts(model, tokenizer, {"auto": load_draft("auto", model)}, prompts, gamma=gamma,
                                 max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=t), seed=seed,
                                 progress=progress, transformers={"transformers generate": {}, **hf})

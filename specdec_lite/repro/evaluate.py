@@ -97,7 +97,7 @@ def transformers_generate(target, x, *, max_new_tokens: int, sampling: SamplingP
     return Generation([tokens], stats)
 
 
-def transformers_methods(target, assistant=None) -> dict:
+def transformers_methods(assistant=None) -> dict:
     """Name -> keyword arguments of transformers' generate: plain, prompt lookup, and the draft model as
     assistant (when given; transformers' own schedule for its draft length)."""
     methods = {"transformers generate": {},
@@ -428,7 +428,7 @@ def main(argv=None):
     drafts = {name: load_draft(name, target) for name in args.drafts}  # refusals come before any run
     hf = None
     if args.transformers:
-        hf = transformers_methods(target, load_draft(args.assistant, target) if args.assistant else None)
+        hf = transformers_methods(load_draft(args.assistant, target) if args.assistant else None)
     prompts = first_per_task(load_prompts(args.prompts), args.prompts_per_task)
     frames = [run_prompts(target, tokenizer, drafts, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                           sampling=SamplingParams(temperature=t), transformers=hf) for t in args.temperatures]

@@ -2,8 +2,8 @@
 
 ``exact_speculative_distribution`` walks every branch of the speculative loop (every draft sequence, every
 verifier outcome, round after round) and returns the exact probability of each possible sequence of the first
-n emitted tokens. It uses the loop's own pieces: the model wrappers, ``probs_from_logits`` and the verifier's
-``outcome_distribution`` (built from the same acceptance and residual functions ``verify`` samples with).
+n emitted tokens. It uses the loop's own pieces: the model wrappers, ``probs_from_logits`` and the exact laws of
+the loop's ``Verifier`` (built from the same acceptance and residual functions its samplers use).
 ``exact_target_distribution`` gives the target's own law of the first n tokens. Equal laws = lossless (C1).
 Feature-level drafts (``heads.py``) are enumerated through their cache-free ``reference_distributions``; the
 tests hold the live drafter to that reference.
@@ -15,10 +15,9 @@ from collections import defaultdict
 
 import torch
 
-from ..core.drafter import Drafter, ModelDraft, confidence_of
+from ..core.decode import EXACT, Verifier
+from ..core.drafter import Drafter, ModelDraft, stops_here
 from ..core.lm import as_language_model
-from ..core.tree import tree_outcome_distribution
-from ..core.verify import outcome_distribution
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 
 
@@ -57,7 +56,8 @@ def _node_probs(target_lm, context: torch.Tensor, tree, sampling: SamplingParams
     return torch.stack(rows)
 
 
-def _tree_round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+def _tree_round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams,
+                         verifier: Verifier):
     """Every (emitted tokens, probability) of one token-tree round: over the trees the drafter can propose
     (``tree_law`` for sampled trees; the one tree of a deterministic drafter) and the verifier's outcomes."""
     if hasattr(draft, "tree_law"):
@@ -66,7 +66,7 @@ def _tree_round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sa
         trees = [(draft.propose_tree(context[None], torch.tensor([len(context)]), gamma, sampling, None), 1.0)]
     out = defaultdict(float)
     for tree, weight in trees:
-        for tokens, pr in tree_outcome_distribution(tree, _node_probs(target_lm, context, tree, sampling)).items():
+        for tokens, pr in verifier.tree_law(tree, _node_probs(target_lm, context, tree, sampling)).items():
             out[tokens] += weight * pr
     return out
 
@@ -79,7 +79,7 @@ def _adaptive_proposals(draft: ModelDraft, context: torch.Tensor, gamma: int, sa
     def extend(tokens: list, qs: list, prob: float):
         draft.lm.reset(1)
         logits = draft.lm.feed(torch.cat([context, torch.tensor(tokens, dtype=torch.long)])[None])[0, -1]
-        if len(tokens) == gamma or not draft.adaptive.keep_going(confidence_of(logits[None])):
+        if len(tokens) == gamma or stops_here(draft.adaptive, logits[None]):
             found.append((tokens, qs, prob))
             return
         q = probs_from_logits(logits.double(), sampling)
@@ -90,26 +90,27 @@ def _adaptive_proposals(draft: ModelDraft, context: torch.Tensor, gamma: int, sa
     return found
 
 
-def _adaptive_round_outcomes(target_lm, draft: ModelDraft, context, gamma: int, sampling: SamplingParams):
+def _adaptive_round_outcomes(target_lm, draft: ModelDraft, context, gamma: int, sampling: SamplingParams,
+                             verifier: Verifier):
     out = defaultdict(float)
     for tokens, qs, weight in _adaptive_proposals(draft, context, gamma, sampling):
         drafts = torch.tensor([tokens], dtype=torch.long).reshape(1, len(tokens))
         q = torch.stack(qs)[None] if qs else None
         p = _probs_after(target_lm, torch.cat([context[None], drafts], dim=1), len(tokens) + 1, sampling)
-        law = outcome_distribution(drafts, q, p)[0] * weight  # (k+1, V)
+        law = verifier.chain_law(drafts, q, p)[0] * weight  # (k+1, V)
         for n_acc, v in law.nonzero().tolist():
             out[tuple(tokens[:n_acc]) + (v,)] += float(law[n_acc, v])
     return out
 
 
 def _round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams,
-                    first_round: bool = False):
+                    first_round: bool, verifier: Verifier):
     """Every (emitted tokens, probability) of one round from ``context`` (1-D)."""
     V = target_lm.vocab_size
     if getattr(draft, "proposes_trees", False):
-        return _tree_round_outcomes(target_lm, draft, context, gamma, sampling)
+        return _tree_round_outcomes(target_lm, draft, context, gamma, sampling, verifier)
     if isinstance(draft, ModelDraft) and draft.adaptive is not None:
-        return _adaptive_round_outcomes(target_lm, draft, context, gamma, sampling)
+        return _adaptive_round_outcomes(target_lm, draft, context, gamma, sampling, verifier)
     if getattr(draft, "uses_target_features", False):  # heads.py: q from a cache-free reference computation
         g = 0 if first_round else draft.proposal_length(gamma)
         if g == 0:  # the first round is the prefill: nothing is proposed
@@ -131,7 +132,7 @@ def _round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, samplin
         weights = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1).prod(dim=1)
     k = drafts.shape[1]
     p = _probs_after(target_lm, torch.cat([context.expand(len(drafts), -1), drafts], dim=1), k + 1, sampling)
-    law = outcome_distribution(drafts, q, p) * weights[:, None, None]  # (N, k+1, V)
+    law = verifier.chain_law(drafts, q, p) * weights[:, None, None]  # (N, k+1, V)
     out = defaultdict(float)
     for i, n_acc, v in law.nonzero().tolist():
         out[tuple(drafts[i, :n_acc].tolist()) + (v,)] += float(law[i, n_acc, v])
@@ -139,8 +140,9 @@ def _round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, samplin
 
 
 def exact_speculative_distribution(target, draft, prompt, gamma: int, n: int,
-                                   sampling: SamplingParams = SamplingParams()) -> dict:
-    """{tuple of the first n emitted tokens: probability} under speculative decoding, over all branches."""
+                                   sampling: SamplingParams = SamplingParams(), verifier: Verifier = EXACT) -> dict:
+    """{tuple of the first n emitted tokens: probability} under speculative decoding with ``verifier`` (the exact
+    one unless a test hands in a broken one), over all branches."""
     target_lm = as_language_model(target)
     prompt = tuple(torch.as_tensor(prompt).long().flatten().tolist())
     frontier = {(): 1.0}  # emitted so far -> probability, for branches still short of n tokens
@@ -149,7 +151,8 @@ def exact_speculative_distribution(target, draft, prompt, gamma: int, n: int,
         nxt = defaultdict(float)
         for emitted, prob in frontier.items():
             context = torch.tensor(prompt + emitted, dtype=torch.long)
-            for tokens, pr in _round_outcomes(target_lm, draft, context, gamma, sampling, not emitted).items():
+            outcomes = _round_outcomes(target_lm, draft, context, gamma, sampling, not emitted, verifier)
+            for tokens, pr in outcomes.items():
                 longer = emitted + tokens
                 if len(longer) >= n:
                     result[longer[:n]] += prob * pr

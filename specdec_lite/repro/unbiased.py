@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.decode import autoregressive_generate, speculative_generate
+from ..core.decode import EXACT, Verifier, autoregressive_generate, speculative_generate
 from ..core.sampling import SamplingParams
 from . import articles, stats
 from .exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
-from .mutants import MUTANTS, patched
+from .mutants import MUTANTS, NO_EXACT_LAW
 from .toy import article000_pair, article004_pair, random_pair, truncated_top_k
 
 CORRECT = "correct verifier"
@@ -27,11 +27,11 @@ def toy_pairs() -> dict:
 
 
 def first_tokens(target, draft, n_samples: int, gamma: int, n_tokens: int, seed: int = 0,
-                 sampling: SamplingParams = SamplingParams()) -> np.ndarray:
+                 sampling: SamplingParams = SamplingParams(), verifier: Verifier = EXACT) -> np.ndarray:
     """The first ``n_tokens`` tokens of ``n_samples`` runs of the loop after token 0 (one ragged batch):
     an (n_samples, n_tokens) array."""
     gen = speculative_generate(target, draft, torch.zeros(n_samples, 1, dtype=torch.long), gamma=gamma,
-                               max_new_tokens=n_tokens, sampling=sampling, seed=seed)
+                               max_new_tokens=n_tokens, sampling=sampling, seed=seed, verifier=verifier)
     return torch.stack(gen.sequences).numpy()
 
 
@@ -64,18 +64,16 @@ def mutation_check(target, draft, n_samples: int, sizes, gamma: int, n_tokens: i
     the p-value at ``n_samples``, the test's power against that mutant's exact law, and whether it rejected)."""
     law = exact_target_distribution(target, [0], n_tokens)
     curves, rows = [], []
-    for name, (loop_patches, exact_patches) in {CORRECT: ([], []), **mutants}.items():
-        with patched(loop_patches):
-            samples = first_tokens(target, draft, n_samples, gamma, n_tokens, seed)
+    for name, verifier in {CORRECT: EXACT, **mutants}.items():
+        samples = first_tokens(target, draft, n_samples, gamma, n_tokens, seed, verifier=verifier)
         for n in sizes:
             curves.append({"verifier": name, "samples": n,
                            "p-value": max(stats.chi_square_pvalue(samples[:n], law), 1e-300),
                            "max deviation": max_abs_difference(stats.empirical_law(samples[:n]), law)})
         power = float("nan")
-        if exact_patches is not None and name != CORRECT:
-            with patched(exact_patches):
-                power = stats.chi_square_power(
-                    law, exact_speculative_distribution(target, draft, [0], gamma, n_tokens), n_samples, level)
+        if name not in NO_EXACT_LAW | {CORRECT}:
+            broken_law = exact_speculative_distribution(target, draft, [0], gamma, n_tokens, verifier=verifier)
+            power = stats.chi_square_power(law, broken_law, n_samples, level)
         rows.append({"verifier": name, "samples": n_samples, "p-value": stats.chi_square_pvalue(samples, law),
                      "power at this N": power})
     mutation = pd.DataFrame(rows)

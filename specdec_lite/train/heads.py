@@ -120,7 +120,7 @@ def eagle_loss(head, embed, output: OutputLayer, batch, cfg: HeadTrainConfig, tr
     return loss, {"regression": regression.item(), "ce": ce.item(), "agreement": agree.item()}
 
 
-def medusa_loss(head, output: OutputLayer, batch, cfg: HeadTrainConfig, train: bool = True):
+def medusa_loss(head, output: OutputLayer, batch):
     """(loss, metrics): head k at position i against the target's distribution of token i+2+k."""
     ids, feats, valid, starts = batch
     B, L, _ = feats.shape
@@ -207,7 +207,7 @@ class HeadTrainer:
     def loss(self, batch, train=True):
         if self.head_cfg.kind == "eagle":
             return eagle_loss(self.head, self.embed, self.output, batch, self.cfg, train)
-        return medusa_loss(self.head, self.output, batch, self.cfg, train)
+        return medusa_loss(self.head, self.output, batch)
 
     def sample(self, generator: torch.Generator):
         """A training batch of ``batch_size`` records drawn with replacement."""
