@@ -24,14 +24,16 @@ from specdec_lite.train.heads import HeadTrainConfig, HeadTrainer, check_kinds, 
 
 from conftest import tiny_llama
 
-KINDS = ("eagle", "medusa")
+KINDS = ("eagle", "medusa")  # what train.heads trains
+DRAFT_KINDS = KINDS + ("eagle3",)  # eagle3: the EAGLE head reading fused layers (heads.FusedEagleHead)
 GREEDY = sd.SamplingParams(temperature=0)
 
 
 def random_head_draft(target, kind, sub_vocab=None, num_heads=3, seed=1):
     """An untrained head with random (not zero) weights, so its drafts are sometimes right, sometimes not."""
-    cfg = heads.head_config_for(target, kind, "tiny", sub_vocab_size=0 if sub_vocab is None else len(sub_vocab),
-                                num_heads=num_heads)
+    fused = {"feature_layers": heads.fused_layers(target)} if kind == "eagle3" else {}
+    cfg = heads.head_config_for(target, "medusa" if kind == "medusa" else "eagle", "tiny",
+                                sub_vocab_size=0 if sub_vocab is None else len(sub_vocab), num_heads=num_heads, **fused)
     torch.manual_seed(seed)
     head = heads.build_head(cfg)
     with torch.no_grad():
@@ -41,7 +43,7 @@ def random_head_draft(target, kind, sub_vocab=None, num_heads=3, seed=1):
     return heads.make_drafter(head, cfg, target, sub_vocab)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
 @pytest.mark.parametrize("setting", ["plain", "temperature+top_k+top_p+penalty"])
 def test_exact_law_of_first_tokens_equals_target(kind, setting):
     target = tiny_llama(vocab=5, hidden=32, seed=3)
@@ -57,7 +59,7 @@ def test_exact_law_of_first_tokens_equals_target(kind, setting):
             assert sum(spec.values()) == pytest.approx(1.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
 def test_exact_check_sees_a_broken_verifier_with_heads(kind):
     target = tiny_llama(vocab=5, hidden=32, seed=3)
     draft = random_head_draft(target, kind, num_heads=2)
@@ -80,7 +82,7 @@ class Recorder:
         drafter.propose = propose
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_live_drafter_matches_its_cache_free_reference(kind, temperature):
     target = tiny_llama(vocab=8, seed=0)  # a small vocabulary, so random heads guess right now and then
@@ -97,7 +99,7 @@ def test_live_drafter_matches_its_cache_free_reference(kind, temperature):
     assert checked >= 5 and 0 < gen.stats.accepted < gen.stats.drafted  # rounds with and without rejections
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 def test_greedy_output_is_the_targets(kind, gamma):
     target = tiny_llama(vocab=64, seed=0)
@@ -128,6 +130,29 @@ def test_eagle_cache_holds_real_features_only_after_each_rollback():
     assert any(cache_len > 0 for cache_len, *_ in lengths_seen)
 
 
+def test_unrolled_training_predictions_are_the_drafting_chain():
+    """Training-time test computes, in one pass per step, what the drafter computes token by token: step k at
+    position i equals drafting k+1 tokens after real features up to position i-k (the head's own KV cache, fed its
+    own predictions), to float32 rounding."""
+    target = tiny_llama(vocab=64, seed=0)
+    head = random_head_draft(target, "eagle3").head.float()
+    n, H = 12, target.config.hidden_size
+    torch.manual_seed(0)
+    features, embeddings = torch.randn(2, n, H), torch.randn(2, n, H)
+    steps = head.unrolled(features, embeddings, 3)
+    for i in range(3, n):
+        for k in range(3):
+            cache = heads.KVCache()
+            real = i - k + 1  # real entries at positions 0..i-k
+            predicted = head(features[:, :real], embeddings[:, :real], torch.arange(real), cache)[:, -1:]
+            for s in range(1, k + 1):
+                position = torch.tensor([i - k + s])
+                predicted = head(predicted, embeddings[:, i - k + s: i - k + s + 1], position, cache)
+            assert torch.allclose(steps[k][:, i], predicted[:, 0], atol=1e-5), (i, k)
+    # and the steps differ: step 1 does not just repeat step 0
+    assert not torch.allclose(steps[0][:, 3:], steps[1][:, 3:], atol=1e-3)
+
+
 def test_kv_cache_crop_and_append():
     cache = heads.KVCache()
     k = torch.randn(1, 2, 5, 4)
@@ -153,7 +178,7 @@ def test_heads_refuse_another_target_and_toy_targets():
         sd.speculative_generate(toy_target, draft, torch.tensor([[1, 2]]), max_new_tokens=4)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
 def test_checkpoint_roundtrip_and_loading_by_path(tmp_path, kind):
     target = tiny_llama(vocab=64, seed=0)
     draft = random_head_draft(target, kind, torch.arange(0, 64, 2))

@@ -212,11 +212,11 @@ class NodesSeeAllNodesLM(sd.HFCausalLM):
         super().__init__(model)
         self.prefix = prefix  # tokens fed before the nodes (the prompt, in the first round)
 
-    def feed_tree(self, tokens, mask, position_ids, return_hidden=False):
+    def feed_tree(self, tokens, mask, position_ids, hidden_layers=None):
         mask = mask.clone()
         fed, total = mask.shape[-2:]
         mask[..., self.prefix:, total - fed + self.prefix:] = 0.0
-        return super().feed_tree(tokens, mask, position_ids, return_hidden)
+        return super().feed_tree(tokens, mask, position_ids, hidden_layers)
 
 
 def _tree_forward_law(lm, drafter, prompt, sampling):

@@ -304,7 +304,8 @@ def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gen
     # 2) target: one forward over the newest token and the drafts -> logits at k+1 positions
     k = drafts.shape[1]
     if drafter.uses_target_features:  # the draft reads the target's hidden states of this forward
-        logits, hidden, first = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1, return_hidden=True)
+        logits, hidden, first = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1,
+                                            hidden_layers=drafter.feature_layers)
         drafter.observe(hidden, first)
     else:
         logits = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1)  # (B, k+1, V)
@@ -345,7 +346,7 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     mask = attention_mask(tree, cached, prefix, dtype, seq.device)
     position_ids = positions(tree, cached, prefix, seq.device)
     if drafter.uses_target_features:
-        logits, hidden = target_lm.feed_tree(tokens, mask, position_ids, return_hidden=True)
+        logits, hidden = target_lm.feed_tree(tokens, mask, position_ids, hidden_layers=drafter.feature_layers)
     else:
         logits = target_lm.feed_tree(tokens, mask, position_ids)
     node_logits = logits[0, prefix - 1:]  # (n, V): the root and every node

@@ -8,8 +8,8 @@ that its cache may keep at most the first ``kept[b]`` tokens (the newest token h
 ``seq`` (B, T) is the loop's token buffer; row b is valid up to ``lengths[b]``.
 
 Feature-level drafts (``drafts/heads.py``) set ``uses_target_features``; the loop then also calls
-``observe(hidden, first_position)`` after each target forward with the target's last hidden states (B, n, H) of
-the positions it fed, ``first_position`` onwards. The rollback that follows says which of them were kept.
+``observe(hidden, first_position)`` after each target forward with the target's hidden states at the drafter's
+``feature_layers`` (B, n, layers x H) of the positions it fed, ``first_position`` onwards. The rollback that follows says which of them were kept.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class Drafter:
 
     vocab_size: int | None = None
     uses_target_features = False
+    feature_layers = (-1,)  # with uses_target_features: the target's hidden states it reads (-1: the last)
     proposes_trees = False  # True: the loop calls propose_tree(seq, lengths, gamma, sampling, generator) -> Tree
 
     def begin(self, input_ids: torch.Tensor) -> None:

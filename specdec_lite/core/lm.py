@@ -4,8 +4,8 @@ same loop:
 - ``reset(batch_size)``: empty cache;
 - ``feed(tokens, num_logits=None)``: append tokens (B, n) to the cache, return next-token logits (B, n, V) for the
   fed positions (only the last ``num_logits`` of them when given); Hugging Face models also take
-  ``return_hidden=True`` and then return (logits, last hidden states (B, n, H) of all fed positions), the
-  features that feature-level drafts (``heads.py``) read;
+  ``hidden_layers=(...)`` and then return (logits, those layers' hidden states (B, n, layers x H) of all fed
+  positions, -1 being the last, after the final norm), the features that feature-level drafts (``heads.py``) read;
 - ``crop(lengths)``: roll the cache back so row b keeps its first ``lengths[b]`` tokens;
 - ``cache_lengths()``: (B,) tokens each row's cache holds.
 
@@ -106,6 +106,12 @@ def use_dynamic_cache(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def selected_hidden(hidden_states: tuple, layers: tuple) -> torch.Tensor:
+    """transformers' ``hidden_states`` (the embeddings, then each layer's output; the last entry is after the
+    final norm, the output layer's input) at ``layers``, concatenated: (B, n, len(layers) * H)."""
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     """Where a model takes its input: its input embeddings' device (models split over devices included)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -169,16 +175,17 @@ class HFCausalLM:
     supports_hidden = True
 
     @torch.inference_mode()
-    def feed(self, tokens: torch.Tensor, num_logits: int | None = None, return_hidden: bool = False):
+    def feed(self, tokens: torch.Tensor, num_logits: int | None = None, hidden_layers: tuple | None = None):
         forward = self._forward(tokens.shape[1])
         out = forward(input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
-                      output_hidden_states=return_hidden, **{self._cache_kwarg: self.cache})
+                      output_hidden_states=hidden_layers is not None, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
         # logits come back where the last layer sits; a model split over devices returns them to the input's
         compiled = forward is not self.model  # a CUDA-graph replay reuses its output memory: keep copies
         logits = out.logits[..., : self.vocab_size].to(self.device, copy=compiled)
-        # the last entry of hidden_states is after the final norm: the output layer's input
-        return (logits, out.hidden_states[-1].to(self.device, copy=compiled)) if return_hidden else logits
+        if hidden_layers is None:
+            return logits
+        return logits, selected_hidden(out.hidden_states, hidden_layers).to(self.device, copy=compiled)
 
     def check_tree_support(self) -> None:
         """Token trees need the dynamic cache (a static cache's mask spans its preallocated length)."""
@@ -188,15 +195,17 @@ class HFCausalLM:
 
     @torch.inference_mode()
     def feed_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
-                  return_hidden: bool = False):
+                  hidden_layers: tuple | None = None):
         """Feed tokens (1, F) with a 4-D additive attention ``mask`` and explicit ``position_ids`` (a token tree,
-        ``tree.py``); logits (1, F, V) of every fed token (and their last hidden states with ``return_hidden``)."""
+        ``tree.py``); logits (1, F, V) of every fed token (and their hidden states at ``hidden_layers``)."""
         self.check_tree_support()
         out = self.model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                         output_hidden_states=return_hidden, **{self._cache_kwarg: self.cache})
+                         output_hidden_states=hidden_layers is not None, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
         logits = out.logits[..., : self.vocab_size].to(self.device)
-        return (logits, out.hidden_states[-1].to(self.device)) if return_hidden else logits
+        if hidden_layers is None:
+            return logits
+        return logits, selected_hidden(out.hidden_states, hidden_layers).to(self.device)
 
     @torch.inference_mode()
     def compact(self, keep: torch.Tensor) -> None:
@@ -236,19 +245,19 @@ def gather_tail(seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tenso
 
 
 def feed_unseen(lm, seq: torch.Tensor, lengths: torch.Tensor, extra: torch.Tensor | None = None,
-                num_logits: int | None = None, return_hidden: bool = False):
+                num_logits: int | None = None, hidden_layers: tuple | None = None):
     """Feed the tokens of ``seq`` the cache has not seen yet (the whole prompt on the first call, then 1 or 2
     tokens), followed by ``extra`` (B, k); rows are cropped to a common count so that one forward serves all.
-    Returns the logits of the last ``num_logits`` fed positions; with ``return_hidden``, (logits, hidden states
-    of every fed position, position of the first fed token)."""
+    Returns the logits of the last ``num_logits`` fed positions; with ``hidden_layers``, (logits, those hidden
+    states of every fed position, position of the first fed token)."""
     missing = int((lengths - lm.cache_lengths().to(lengths.device)).max())
     lm.crop(lengths - missing)
     tokens = gather_tail(seq, lengths, missing)
     if extra is not None:
         tokens = torch.cat([tokens, extra], dim=1)
-    if not return_hidden:
+    if hidden_layers is None:
         return lm.feed(tokens, num_logits=num_logits)
-    logits, hidden = lm.feed(tokens, num_logits=num_logits, return_hidden=True)
+    logits, hidden = lm.feed(tokens, num_logits=num_logits, hidden_layers=hidden_layers)
     return logits, hidden, int(lengths.max()) - missing
 
 

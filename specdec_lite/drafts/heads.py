@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.drafter import Drafter, draw
-from ..core.lm import usable_vocab_size
+from ..core.lm import selected_hidden, usable_vocab_size
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 from ..paths import HEAD_CONFIG, is_head_dir
 from .fingerprint import same_weights, weights_fingerprint, weights_probe
@@ -52,6 +52,7 @@ class HeadConfig:
     num_attention_heads: int = 8
     intermediate_size: int = 1536
     rope_theta: float = 10000.0
+    feature_layers: list = field(default_factory=list)  # EAGLE-3: the target's layers it fuses; []: the last only
     # Medusa heads
     num_heads: int = 4
     extra: dict = field(default_factory=dict)  # free-form notes (training data, steps), not used by the code
@@ -122,18 +123,25 @@ class DecoderLayer(nn.Module):
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x, positions, cache: KVCache | None = None):
+        q, k, v = self.project(x, positions)
+        if cache is None:
+            return self.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        k, v = cache.append(k, v)
+        T, n = k.shape[2], x.shape[1]
+        # new token j (at cache position T - n + j) sees every cached token and the new ones up to itself
+        allowed = torch.arange(T, device=x.device)[None, :] <= (T - n + torch.arange(n, device=x.device))[:, None]
+        return self.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+
+    def project(self, x, positions):
+        """Queries, keys and values (B, heads, n, d) of x (B, n, H), rotated to their positions."""
         B, n, H = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(B, n, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
-        q, k = rotate(q, positions, self.theta), rotate(k, positions, self.theta)
-        if cache is None:
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            k, v = cache.append(k, v)
-            T = k.shape[2]
-            # new token j (at cache position T - n + j) sees every cached token and the new ones up to itself
-            allowed = torch.arange(T, device=x.device)[None, :] <= (T - n + torch.arange(n, device=x.device))[:, None]
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-        x = x + self.out(a.transpose(1, 2).reshape(B, n, H))
+        return rotate(q, positions, self.theta), rotate(k, positions, self.theta), v
+
+    def finish(self, x, attended):
+        """The residual stream after the attention output ``attended`` (B, heads, n, d) and the MLP."""
+        B, n, H = x.shape
+        x = x + self.out(attended.transpose(1, 2).reshape(B, n, H))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
@@ -148,8 +156,69 @@ class EagleHead(nn.Module):
         self.layer = DecoderLayer(H, cfg.num_attention_heads, cfg.intermediate_size, cfg.rope_theta)
 
     def forward(self, features, token_embeddings, positions, cache: KVCache | None = None):
-        x = self.fuse(torch.cat([features, token_embeddings.to(features.dtype)], dim=-1))
-        return self.layer(x, positions, cache)
+        return self.prediction(self.layer(self.inputs(features, token_embeddings), positions, cache))
+
+    def inputs(self, features, token_embeddings):
+        return self.fuse(torch.cat([features, token_embeddings.to(features.dtype)], dim=-1))
+
+    def real_features(self, hidden):
+        """What the head reads of the target's hidden states (B, n, H): the last layer's, as they are."""
+        return hidden
+
+    def prediction(self, residual):
+        """The predicted feature, from the layer's residual stream: as it is."""
+        return residual
+
+    def unrolled(self, features, token_embeddings, steps: int) -> list:
+        """Training-time test: the predictions of ``steps`` drafting steps at every position at once, as drafting
+        makes them. features (B, n, H) real features f_0..f_{n-1} (as ``real_features`` gives them),
+        token_embeddings of tokens 1..n. Step 0 reads the real features; step k reads, at position i, step k-1's
+        prediction at i-1, and attends to the real entries up to i-k and to its own chain (step s's entry at
+        i-k+s), as the drafter's cache holds them when it drafts its (k+1)-th token. Returns [(B, n, H)] * steps;
+        at step k, positions below k mean nothing."""
+        n = features.shape[1]
+        positions = torch.arange(n, device=features.device)
+        keys, values, out, fed = [], [], [], features
+        for k in range(steps):
+            x = self.inputs(fed, token_embeddings)
+            q, key, value = self.layer.project(x, positions)
+            keys.append(key)
+            values.append(value)
+            attended = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
+                                                      attn_mask=unrolled_mask(n, k, features.device))
+            out.append(self.prediction(self.layer.finish(x, attended)))
+            fed = torch.cat([out[-1][:, :1], out[-1][:, :-1]], dim=1)  # position i reads the prediction at i-1
+        return out
+
+
+class FusedEagleHead(EagleHead):
+    """EAGLE-3 (Li et al. 2025): the target's hidden states of a low, a middle and a high layer, each normed, fused
+    into one feature (``real_features``); the predicted feature is normed as the target's last hidden state is,
+    and it is what the next step reads in place of a real feature. Trained by unrolling it on its own
+    predictions (``unrolled``, "training-time test", ``train/eagle3.py``)."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__(cfg)
+        H, k = cfg.hidden_size, len(cfg.feature_layers)
+        self.layer_norms = nn.ModuleList(RMSNorm(H) for _ in range(k))
+        self.fuse_layers = nn.Linear(k * H, H, bias=False)
+        self.out_norm = RMSNorm(H)
+
+    def real_features(self, hidden):
+        chunks = hidden.chunk(len(self.layer_norms), dim=-1)
+        return self.fuse_layers(torch.cat([norm(c) for norm, c in zip(self.layer_norms, chunks)], dim=-1))
+
+    def prediction(self, residual):
+        return self.out_norm(residual)
+
+
+def unrolled_mask(n: int, step: int, device) -> torch.Tensor:
+    """(n, (step + 1) n) bool: query i of step ``step`` sees real keys j <= i - step and, of each later step s,
+    the key at i - step + s."""
+    i = torch.arange(n, device=device)[:, None]
+    j = torch.arange(n, device=device)[None, :]
+    blocks = [j <= i - step] + [j == i - step + s for s in range(1, step + 1)]
+    return torch.cat(blocks, dim=1)
 
 
 class MedusaHeads(nn.Module):
@@ -166,9 +235,14 @@ class MedusaHeads(nn.Module):
     def forward(self, features):  # (..., H) -> (..., num_heads, H)
         return torch.stack([features + F.silu(block(features)) for block in self.blocks], dim=-2)
 
+    def real_features(self, hidden):
+        return hidden
+
 
 def build_head(cfg: HeadConfig) -> nn.Module:
-    return EagleHead(cfg) if cfg.kind == "eagle" else MedusaHeads(cfg)
+    if cfg.kind == "medusa":
+        return MedusaHeads(cfg)
+    return FusedEagleHead(cfg) if cfg.feature_layers else EagleHead(cfg)
 
 
 # ------------------------------------------------------------------------------------------- output layer
@@ -181,6 +255,7 @@ class OutputLayer:
     def __init__(self, target: nn.Module, vocab_size: int, vocab_ids: torch.Tensor | None):
         weight = target.get_output_embeddings().weight.detach()
         self.vocab_size = vocab_size
+        self.full_weight = weight[:vocab_size]  # (V, H): the whole vocabulary, for measuring against the target
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(weight.device)
         self.weight = weight[:vocab_size] if vocab_ids is None else weight[self.vocab_ids]  # (S, H)
         bias = getattr(target.get_output_embeddings(), "bias", None)
@@ -189,6 +264,10 @@ class OutputLayer:
     def sub_logits(self, hidden):  # (..., H) -> (..., S)
         out = hidden.to(self.weight.dtype) @ self.weight.T
         return out if self.bias is None else out + self.bias
+
+    def sub_to_full(self, index):
+        """Token ids of sub-vocabulary indices."""
+        return index if self.vocab_ids is None else self.vocab_ids[index]
 
     def logits(self, hidden):  # (..., H) -> (..., V)
         sub = self.sub_logits(hidden)
@@ -212,17 +291,19 @@ class FeatureDraft(Drafter):
         self.head = head.to(device=target.device, dtype=target.dtype).eval()
         self.vocab_size = cfg.vocab_size
         self.output = OutputLayer(target, cfg.vocab_size, vocab_ids)
-        self.features = None  # (B, P, H): the target's features of positions 0..P-1
+        self.features = None  # (B, P, H): the target's features of positions 0..P-1 (fused, as the head reads them)
         self.target = target
+        self.feature_layers = tuple(cfg.feature_layers) or (-1,)
 
     def begin(self, input_ids):
         self.features = None
 
     def observe(self, hidden, first_position: int) -> None:
-        kept = self.features[:, :first_position] if self.features is not None else hidden[:, :0]
+        fresh = self.head.real_features(hidden.to(self.head_dtype))
+        kept = self.features[:, :first_position] if self.features is not None else fresh[:, :0]
         if kept.shape[1] != first_position:
             raise RuntimeError(f"features of positions {kept.shape[1]}..{first_position - 1} are missing")
-        self.features = torch.cat([kept, hidden.to(self.head_dtype)], dim=1)
+        self.features = torch.cat([kept, fresh], dim=1)
 
     def rollback(self, kept: torch.Tensor) -> None:
         if self.features is not None:
@@ -256,7 +337,8 @@ class FeatureDraft(Drafter):
         """The target's features f_0..f_{L-2} of ``context`` (1-D, L tokens), one target forward, repeated for
         ``n`` rows: (n, L-1, H)."""
         out = self.target(input_ids=context[None, :-1], output_hidden_states=True, logits_to_keep=1)
-        return out.hidden_states[-1].to(self.head_dtype).expand(n, -1, -1)
+        hidden = selected_hidden(out.hidden_states, self.feature_layers).to(self.head_dtype)
+        return self.head.real_features(hidden).expand(n, -1, -1)
 
 
 class EagleDraft(FeatureDraft):
@@ -419,6 +501,13 @@ def rope_theta_of(target) -> float:
     params = getattr(config, "rope_parameters", None) or {}
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     return float(theta or getattr(config, "rope_theta", None) or 10000.0)
+
+
+def fused_layers(target) -> list[int]:
+    """EAGLE-3's choice of the target's hidden states to fuse: a low, a middle and a high layer's output (indices
+    into transformers' ``hidden_states``, where 0 is the embeddings)."""
+    n = target.config.get_text_config(decoder=True).num_hidden_layers
+    return [2, n // 2, n - 3]
 
 
 def head_config_for(target, kind: str, target_name: str = "", sub_vocab_size: int = 8192, **kw) -> HeadConfig:

@@ -74,7 +74,7 @@ class EagleTreeDraft(Drafter):
         if width < 1:
             raise ValueError(f"width (candidates per depth) must be >= 1, got {width}")
         self.eagle, self.width, self.adaptive = eagle, width, adaptive
-        self.vocab_size = eagle.vocab_size
+        self.vocab_size, self.feature_layers = eagle.vocab_size, eagle.feature_layers
         self._proposed, self._start = 0, 0
 
     def begin(self, input_ids):
@@ -184,7 +184,7 @@ class HybridTreeDraft(Drafter):
 
     def __init__(self, lookup: LookupTreeDraft, head: EagleTreeDraft):
         self.lookup, self.head = lookup, head
-        self.vocab_size = head.vocab_size
+        self.vocab_size, self.feature_layers = head.vocab_size, head.feature_layers
 
     def begin(self, input_ids):
         self.head.begin(input_ids)
