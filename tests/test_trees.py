@@ -8,7 +8,7 @@ from specdec_lite.core import tree as tree_module
 from specdec_lite.core.decode import EXACT
 from specdec_lite.core.drafter import ModelDraft
 from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
-from specdec_lite.drafts.trees import AdaptiveLength, LookupTreeDraft, SampledTreeDraft
+from specdec_lite.drafts.trees import AdaptiveLength, EagleTreeDraft, LookupTreeDraft, SampledTreeDraft
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import TREE_MUTANTS
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
@@ -267,3 +267,35 @@ def test_t1_sampled_tree_through_a_tiny_llama_tree_forward():
 
     assert chi_square_pvalue(first_two(sd.HFCausalLM(target), 0), want) > 1e-3
     assert chi_square_pvalue(first_two(NodesSeeAllNodesLM(target, len(prompt)), n), want) < 1e-3
+
+
+def test_t1_eagle_tree_with_drawn_candidates_keeps_the_target_law():
+    """The EAGLE head's tree at T = 1 with its chain and siblings drawn from q (width 2, gamma 2), on a tiny Llama
+    (its tree forward: mask and positions) with a random EAGLE-3-style head. The first round is the prefill, so the
+    first three tokens are where the tree acts. n = 3,000 runs of the real loop; chi-square of the first three
+    tokens (27 cells) against the target's exact law at level 1e-3. The same test, run on the loop with the
+    residual left out of the verifier, rejects it (its power is not computed: the head's trees are not
+    enumerated). The drafter does draw: candidates repeat and differ from the head's top tokens."""
+    from test_heads import random_head_draft
+
+    target = tiny_llama(vocab=3, layers=2, seed=11)
+    prompt, sampling, n = [0, 2], sd.SamplingParams(temperature=1.0), 3000
+    want = exact_target_distribution(target, prompt, 3, sampling)
+
+    def first_three(verifier, seed0):
+        drafter = EagleTreeDraft(random_head_draft(target, "eagle3", seed=3), width=2)
+        return np.array([sd.speculative_generate(target, drafter, torch.tensor(prompt), gamma=2, max_new_tokens=3,
+                                                 sampling=sampling, seed=s, verifier=verifier).tokens.tolist()
+                         for s in range(seed0, seed0 + n)])
+
+    assert chi_square_pvalue(first_three(EXACT, 0), want) > 1e-3
+    assert chi_square_pvalue(first_three(TREE_MUTANTS["residual not updated between siblings"], n), want) < 1e-3
+    drafter = EagleTreeDraft(random_head_draft(target, "eagle3", seed=3), width=2)
+    trees = []
+    drafter.propose_tree = lambda *a, grow=drafter.propose_tree: trees.append(grow(*a)) or trees[-1]
+    for s in range(20):
+        sd.speculative_generate(target, drafter, torch.tensor(prompt), gamma=2, max_new_tokens=3, sampling=sampling,
+                                seed=s)
+    drawn = [t for t in trees if t.size > 1]
+    assert drawn and all(bool(t.drawn[1:].all()) for t in drawn)
+    assert any(int(t.tokens[1]) == int(t.tokens[2]) for t in drawn)  # drawn with replacement, not the top two

@@ -43,10 +43,16 @@ class Drafter:
         pass
 
 
-def confidence_of(logits: torch.Tensor) -> float:
-    """The draft's probability of its most likely next token under its untempered softmax (the least over the
-    rows of a batch): a draft-side number, known before the target runs."""
-    return float(torch.softmax(logits.float(), dim=-1).max(-1).values.min())
+def confidence_of(logits: torch.Tensor, sampling: SamplingParams) -> float:
+    """How sure the draft is of its next token, known before the target runs (the least over the rows of a
+    batch): greedy, its probability of its most likely token under its untempered softmax; at T > 0, exp(-H(q)),
+    q its sampling distribution (1 for a certain token, 1/k for k equally likely ones), since a sampled draft is
+    accepted less often the more spread q is."""
+    if sampling.greedy:
+        return float(torch.softmax(logits.float(), dim=-1).max(-1).values.min())
+    q = probs_from_logits(logits.float(), sampling)
+    entropy = -(q * q.clamp_min(1e-30).log()).sum(-1)
+    return float(torch.exp(-entropy).min())
 
 
 class LengthPolicy(Protocol):
@@ -58,10 +64,10 @@ class LengthPolicy(Protocol):
     def update(self, proposed: int, accepted: int) -> None: ...
 
 
-def stops_here(policy: LengthPolicy | None, logits: torch.Tensor) -> bool:
+def stops_here(policy: LengthPolicy | None, logits: torch.Tensor, sampling: SamplingParams) -> bool:
     """The adaptive stop, before drafting from ``logits`` (B, V): a policy is given and the draft is not
-    confident enough of its next token."""
-    return policy is not None and not policy.keep_going(confidence_of(logits))
+    confident enough of its next token (``confidence_of``)."""
+    return policy is not None and not policy.keep_going(confidence_of(logits, sampling))
 
 
 def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generator):
@@ -94,7 +100,7 @@ class ModelDraft(Drafter):
         logits = feed_unseen(self.lm, seq, lengths, num_logits=1)[:, -1]  # (B, V)
         tokens, qs = [], []
         for i in range(gamma):
-            if stops_here(self.adaptive, logits):
+            if stops_here(self.adaptive, logits, sampling):
                 break  # the draft's own probability of its next token is too low: stop here
             x_i, q_i = draw(logits, seq, lengths, tokens, sampling, generator)
             tokens.append(x_i)

@@ -61,19 +61,22 @@ def root_builder(seq, lengths) -> TreeBuilder:
 
 
 class EagleTreeDraft(Drafter):
-    """The EAGLE head's chain, adaptive in length, with the next ``width - 1`` most likely tokens of each step as
-    sibling leaves. Reuses an ``EagleDraft`` (its caches and feature bookkeeping)."""
+    """The EAGLE head's chain, adaptive in length, with ``width - 1`` sibling leaves at each step: greedy, the next
+    most likely tokens; at T > 0 the chain's token and its siblings drawn i.i.d. from the head's q (SpecInfer:
+    exact with the recorded q). Reuses an ``EagleDraft`` (its caches and feature bookkeeping)."""
 
     uses_target_features = True
     proposes_trees = True
 
-    def __init__(self, eagle: EagleDraft, width: int = 2, adaptive: AdaptiveLength | None = None):
+    def __init__(self, eagle: EagleDraft, width: int = 2, adaptive: AdaptiveLength | None = None,
+                 draw: bool = True):
         if not isinstance(eagle, EagleDraft):
             raise TypeError(f"EagleTreeDraft wraps an EagleDraft (load_draft('smollm2-135m-eagle', target)), "
                             f"got {type(eagle).__name__}")
         if width < 1:
             raise ValueError(f"width (candidates per depth) must be >= 1, got {width}")
         self.eagle, self.width, self.adaptive = eagle, width, adaptive
+        self.draw = draw  # at T > 0, draw the candidates from q (SpecInfer); False: choose the most likely
         self.vocab_size, self.feature_layers = eagle.vocab_size, eagle.feature_layers
         self._proposed, self._start = 0, 0
 
@@ -83,7 +86,7 @@ class EagleTreeDraft(Drafter):
     def observe(self, hidden, first_position: int) -> None:
         self.eagle.observe(hidden, first_position)
 
-    def grow(self, builder: TreeBuilder, seq, lengths, gamma: int) -> None:
+    def grow(self, builder: TreeBuilder, seq, lengths, gamma: int, sampling: SamplingParams, generator) -> None:
         """Add the head's chain and its siblings under the root; the chain's length is kept for the adaptive
         rule's update at the rollback."""
         self._proposed, self._start = 0, int(lengths[0])
@@ -93,24 +96,33 @@ class EagleTreeDraft(Drafter):
         L, parent, chain = int(lengths.max()), 0, 0
         for depth in range(gamma):
             logits = self.eagle.output.logits(predicted[0, -1])  # (V,)
-            token = int(logits.argmax())
-            if stops_here(self.adaptive, logits[None]):
+            if stops_here(self.adaptive, logits[None], sampling):
                 break
-            node = builder.add(parent, token)
-            if self.width > 1:
-                for alt in logits.topk(self.width).indices[1:].tolist():
-                    builder.add(parent, alt)
-            parent, chain = node, chain + 1
+            parent, token = self.candidates(builder, parent, logits, sampling, generator)
+            chain += 1  # the chain goes on under the first candidate
             if depth < gamma - 1:
                 pos = torch.tensor([L - 1 + depth], device=seq.device)
-                predicted = self.eagle.head(predicted[:, -1:], self.eagle.embed(torch.tensor([[token]], device=seq.device)),
-                                            pos, self.eagle.cache)
+                embedded = self.eagle.embed(torch.tensor([[token]], device=seq.device))
+                predicted = self.eagle.head(predicted[:, -1:], embedded, pos, self.eagle.cache)
         self._proposed = chain
+
+    def candidates(self, builder: TreeBuilder, parent: int, logits, sampling: SamplingParams,
+                   generator) -> tuple[int, int]:
+        """Add ``width`` children under ``parent``: at T > 0 (with ``draw``) drawn i.i.d. from the head's q,
+        else its most likely tokens, chosen. Returns the first one's (node, token)."""
+        q = None
+        if self.draw and not sampling.greedy:
+            q = probs_from_logits(logits, sampling)
+            tokens = torch.multinomial(q.float(), self.width, replacement=True, generator=generator).tolist()
+        else:
+            tokens = logits.topk(self.width).indices.tolist()
+        nodes = [builder.add(parent, token, q) for token in tokens]
+        return nodes[0], tokens[0]
 
     @torch.inference_mode()
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
         builder = root_builder(seq, lengths)
-        self.grow(builder, seq, lengths, gamma)
+        self.grow(builder, seq, lengths, gamma, sampling, generator)
         return builder.build()
 
     def rollback(self, kept: torch.Tensor) -> None:
@@ -197,7 +209,7 @@ class HybridTreeDraft(Drafter):
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
         builder = root_builder(seq, lengths)
         self.lookup.grow(builder, seq, lengths, gamma)
-        self.head.grow(builder, seq, lengths, gamma)
+        self.head.grow(builder, seq, lengths, gamma, sampling, generator)
         return builder.build()
 
     def rollback(self, kept: torch.Tensor) -> None:

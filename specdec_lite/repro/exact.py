@@ -79,7 +79,7 @@ def _adaptive_proposals(draft: ModelDraft, context: torch.Tensor, gamma: int, sa
     def extend(tokens: list, qs: list, prob: float):
         draft.lm.reset(1)
         logits = draft.lm.feed(torch.cat([context, torch.tensor(tokens, dtype=torch.long)])[None])[0, -1]
-        if len(tokens) == gamma or stops_here(draft.adaptive, logits[None]):
+        if len(tokens) == gamma or stops_here(draft.adaptive, logits[None], sampling):
             found.append((tokens, qs, prob))
             return
         q = probs_from_logits(logits.double(), sampling)
