@@ -1,4 +1,6 @@
 """The loop on tiny random Hugging Face Llama models: greedy identity, cache truth, EOS, round bounds (C4)."""
+import time
+
 import pytest
 import torch
 
@@ -153,7 +155,31 @@ def test_stats_are_consistent(tiny_target, tiny_draft):
     assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
     assert s.mean_accepted_length == pytest.approx(sum(s.accepted_lengths) / s.rounds)
     assert sum(s.accepted_lengths) >= 50 == len(spec.tokens)
-    assert 0 < s.draft_seconds and 0 < s.target_seconds and s.draft_seconds + s.target_seconds <= s.total_seconds
+
+
+class SleepyNGramDraft(sd.NGramDraft):
+    """Prompt lookup that takes at least ``seconds`` per proposal."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def propose(self, *args):
+        time.sleep(self.seconds)
+        return super().propose(*args)
+
+
+def test_stats_charge_each_phase_its_own_time():
+    """A proposal sleeps 20 ms and a target forward 60 ms (at least one forward a round): the draft phase takes at
+    least 20 ms a round and the target's at least 60. The draft phase's bound above leaves 30 ms a round for the
+    n-gram lookup itself; time charged to the wrong phase breaks one bound or the other."""
+    target = tiny_llama(layers=1, seed=2)
+    target.register_forward_pre_hook(lambda *_: time.sleep(0.06))
+    s = sd.speculative_generate(target, SleepyNGramDraft(0.02), prompt(), gamma=4, max_new_tokens=8,
+                                sampling=GREEDY).stats
+    assert 0.02 * s.rounds <= s.draft_seconds < 0.05 * s.rounds
+    assert 0.06 * s.rounds <= s.target_seconds
+    assert s.draft_seconds + s.target_seconds <= s.total_seconds
 
 
 def test_sampling_is_seeded(tiny_target, tiny_draft):

@@ -88,6 +88,7 @@ def test_a_dtype_the_device_cannot_run_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="does not support bfloat16; use dtype='float16' or 'auto'"):
         models.resolve_dtype("bfloat16", "cuda")
     assert models.resolve_dtype("auto", "cuda") == torch.float16  # "auto" picks what the GPU has
-    native = models.cpu_has_native_bfloat16()  # "auto" on the CPU: bfloat16 where the CPU has it natively
-    assert models.resolve_dtype("auto", "cpu") == (torch.bfloat16 if native else torch.float32)
+    for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):  # on the CPU: bfloat16 where native
+        monkeypatch.setattr(models, "cpu_has_native_bfloat16", lambda native=native: native)
+        assert models.resolve_dtype("auto", "cpu") == dtype
     assert models.resolve_dtype("bf16", "cpu") == torch.bfloat16

@@ -1,4 +1,5 @@
 """Project set-up stays consistent: environment.yml and pyproject.toml list the same dependencies."""
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -23,10 +24,17 @@ def test_environment_yml_matches_pyproject():
     assert "- -e .[all]" in (ROOT / "environment.yml").read_text()
 
 
-def test_layout_of_the_design_card():
-    for name in ["notebooks", "specdec_lite", "data", "figures", "tests", "environment.yml", "README.md",
-                 "pyproject.toml", "Makefile", ".ci/run"]:
-        assert (ROOT / name).exists(), name
+def test_ci_runs_the_readme_test_command():
+    """.ci/run is an executable script whose one command, from the repository root, is `make test`, the command
+    the README says CI runs. (The rest of the layout is read by other tests: environment.yml and pyproject.toml
+    above, the Makefile below, README.md and docs in test_claims, notebooks in test_claims and test_notebook_files,
+    data/ and figures/ in test_install and test_report.)"""
+    script = ROOT / ".ci" / "run"
+    assert os.access(script, os.X_OK)
+    commands = [line.strip() for line in script.read_text().splitlines()[1:]
+                if line.strip() and not line.lstrip().startswith("#")]
+    assert commands == ["set -euo pipefail", 'cd "$(dirname "$0")/.."', "make test"]
+    assert re.search(r"^make test .*\(CI runs this\)$", (ROOT / "README.md").read_text(), re.M)
 
 
 def test_cpu_install_path_pins_torch():

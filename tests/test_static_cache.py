@@ -5,7 +5,7 @@ import torch
 
 import specdec_lite as sd
 from specdec_lite.core import memory
-from specdec_lite.core.lm import HFCausalLM, static_state, use_dynamic_cache, use_static_cache
+from specdec_lite.core.lm import static_state, use_dynamic_cache, use_static_cache
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 
 from conftest import DEVICE, tiny_llama
@@ -39,11 +39,16 @@ def test_greedy_identity_on_the_static_path(static_pair, kind):
     reference = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=60, do_sample=False,
                                 pad_token_id=0)[0, x.shape[1]:]
     assert torch.equal(sd.autoregressive_generate(target, x, max_new_tokens=60, sampling=GREEDY).tokens, reference)
+    kept = []
     for _ in range(2):  # the second call reuses the same preallocated tensors
         spec = sd.speculative_generate(target, draft_kinds(target, draft, near)[kind], x, gamma=4,
                                        max_new_tokens=60, sampling=GREEDY)
         assert torch.equal(spec.tokens, reference)
-    assert isinstance(HFCausalLM(target).cache, type(None)) and static_state(target).caches  # caches kept
+        kept.append({key: [layer.keys.data_ptr() for layer in cache.layers]
+                     for key, cache in static_state(target).caches.items()})
+    # the target's cache at batch 1, and its draft cache when it drafts for itself: the same tensors both times
+    roles = ["target", "draft"] if kind == "target as its own draft" else ["target"]
+    assert sorted(kept[0]) == sorted((role, 1) for role in roles) and kept[1] == kept[0]
 
 
 def test_layer_skip_of_a_static_target_is_static(static_pair):

@@ -12,15 +12,26 @@ def random_probs(*shape, seed=0):
     return torch.distributions.Dirichlet(torch.full((shape[-1],), 0.5, dtype=torch.float64)).sample(shape[:-1])
 
 
-def test_shapes_and_ranges():
-    torch.manual_seed(0)
-    B, gamma, V = 5, 4, 11
-    q = random_probs(B, gamma, V)
-    p = random_probs(B, gamma + 1, V)
-    drafts = torch.multinomial(q.reshape(-1, V), 1).reshape(B, gamma)
-    n, nxt = sd.verify(drafts, q, p, torch.Generator().manual_seed(0))
-    assert n.shape == (B,) and nxt.shape == (B,)
-    assert ((n >= 0) & (n <= gamma)).all() and ((nxt >= 0) & (nxt < V)).all()
+def test_outcomes_of_hand_built_rows():
+    """q is uniform (1/4 a token). A draft token is accepted for sure where p gives it >= 1/4, rejected for sure
+    where p gives it 0; each p below leaves (p - q)+ a single token, so every outcome is known."""
+    drafts = torch.tensor([[0, 1, 2]] * 4)
+    q = torch.full((4, 3, 4), 0.25, dtype=torch.float64)
+    p = torch.tensor([
+        # all three accepted, then the bonus from p[3] (one token; p[2] gives that token 0)
+        [[0.4, 0.2, 0.2, 0.2], [0.2, 0.4, 0.2, 0.2], [0.3, 0.3, 0.4, 0.0], [0.0, 0.0, 0.0, 1.0]],
+        # the first rejected: (p - q)+ = (0, 0, 0, 0.25) -> token 3
+        [[0.0, 0.25, 0.25, 0.5], [0.25] * 4, [0.25] * 4, [0.25] * 4],
+        # two accepted, the third rejected: (p - q)+ = (0, 0.25, 0, 0) -> token 1
+        [[0.4, 0.2, 0.2, 0.2], [0.2, 0.4, 0.2, 0.2], [0.25, 0.5, 0.0, 0.25], [0.25] * 4],
+        # one accepted, the second rejected: (p - q)+ = (0.25, 0, 0, 0) -> token 0
+        [[0.4, 0.2, 0.2, 0.2], [0.5, 0.0, 0.25, 0.25], [0.25] * 4, [0.25] * 4]], dtype=torch.float64)
+    for seed in range(5):  # whatever the uniforms drawn
+        n, nxt = sd.verify(drafts, q, p, torch.Generator().manual_seed(seed))
+        assert n.tolist() == [3, 0, 2, 1] and nxt.tolist() == [3, 3, 1, 0]
+
+    with pytest.raises(ValueError, match="q must be"):
+        sd.verify(torch.zeros(1, 2, dtype=torch.long), torch.rand(1, 3, 4), torch.rand(1, 3, 4))
 
 
 def test_identical_distributions_accept_everything():
@@ -102,8 +113,15 @@ def test_shape_errors_are_clear():
 
 
 def test_verify_handles_large_batches_in_one_call():
+    """Every draft is token 0 with q = 1/64; p gives it 1/128 (acceptance 1/2) and its mass to token 1, so
+    (p - q)+ is token 1 alone; the bonus distribution is token 5 alone. Then P(n = 0, 1, 2) = 1/2, 1/4, 1/4."""
     B, gamma, V = 20_000, 2, 64
     p = torch.full((B, gamma + 1, V), 1.0 / V)
+    p[:, :gamma, 0], p[:, :gamma, 1] = 1.0 / 128, 1.0 / 64 + 1.0 / 128
+    p[:, gamma] = 0.0
+    p[:, gamma, 5] = 1.0
     q = torch.full((B, gamma, V), 1.0 / V)
     n, nxt = sd.verify(torch.zeros(B, gamma, dtype=torch.long), q, p, torch.Generator().manual_seed(0))
-    assert (n == gamma).all() and nxt.shape == (B,)
+    shares = torch.bincount(n, minlength=gamma + 1) / B
+    assert shares.tolist() == pytest.approx([0.5, 0.25, 0.25], abs=0.02)  # 0.02: more than 5 standard errors
+    assert torch.equal(nxt, torch.where(n == gamma, 5, 1))
