@@ -8,7 +8,8 @@ from specdec_lite.core import tree as tree_module
 from specdec_lite.core.decode import EXACT
 from specdec_lite.core.drafter import ModelDraft
 from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
-from specdec_lite.drafts.trees import AdaptiveLength, EagleTreeDraft, LookupTreeDraft, SampledTreeDraft
+from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, LookupTreeDraft,
+                                      SampledTreeDraft, node_budget)
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import TREE_MUTANTS
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
@@ -283,14 +284,14 @@ def test_t1_eagle_tree_with_drawn_candidates_keeps_the_target_law():
     want = exact_target_distribution(target, prompt, 3, sampling)
 
     def first_three(verifier, seed0):
-        drafter = EagleTreeDraft(random_head_draft(target, "eagle3", seed=3), width=2)
+        drafter = EagleTreeDraft(random_head_draft(target, "eagle3", seed=3), width=2, draw=True)
         return np.array([sd.speculative_generate(target, drafter, torch.tensor(prompt), gamma=2, max_new_tokens=3,
                                                  sampling=sampling, seed=s, verifier=verifier).tokens.tolist()
                          for s in range(seed0, seed0 + n)])
 
     assert chi_square_pvalue(first_three(EXACT, 0), want) > 1e-3
     assert chi_square_pvalue(first_three(TREE_MUTANTS["residual not updated between siblings"], n), want) < 1e-3
-    drafter = EagleTreeDraft(random_head_draft(target, "eagle3", seed=3), width=2)
+    drafter = EagleTreeDraft(random_head_draft(target, "eagle3", seed=3), width=2, draw=True)
     trees = []
     drafter.propose_tree = lambda *a, grow=drafter.propose_tree: trees.append(grow(*a)) or trees[-1]
     for s in range(20):
@@ -299,3 +300,52 @@ def test_t1_eagle_tree_with_drawn_candidates_keeps_the_target_law():
     drawn = [t for t in trees if t.size > 1]
     assert drawn and all(bool(t.drawn[1:].all()) for t in drawn)
     assert any(int(t.tokens[1]) == int(t.tokens[2]) for t in drawn)  # drawn with replacement, not the top two
+
+
+def test_node_budget_keeps_what_pays_by_the_cost_model():
+    """Confidences 0.9, 0.5, 0.1, no draft cost, v(n) = 1 + 0.2 (n - 1): the speedup (1 + sum) / v(N + 1) is
+    1, 1.9/1.2 = 1.58, 2.4/1.4 = 1.71, 2.5/1.6 = 1.56 for N = 0..3, so two nodes; a flat v keeps all three; a
+    draft cost of 10 steps makes a node's verification matter less, and the third pays: 2.5/11.6 = 0.216 against
+    2.4/11.4 = 0.211."""
+    v = lambda n: 1 + 0.2 * (n - 1)  # noqa: E731
+    assert node_budget([0.1, 0.9, 0.5], 0.0, v) == 2
+    assert node_budget([0.1, 0.9, 0.5], 0.0, lambda n: 1.0) == 3
+    assert node_budget([0.1, 0.9, 0.5], 10.0, v) == 3
+    assert node_budget([], 0.0, v) == 0
+
+
+def _observed(target, eagle, prompt):
+    """``eagle`` after the target's forward over the prompt but its last token, as the loop leaves it."""
+    lm = sd.HFCausalLM(target)
+    lm.reset(1)
+    _, hidden = lm.feed(prompt[:, :-1], hidden_layers=eagle.feature_layers)
+    eagle.begin(prompt)
+    eagle.observe(hidden, 0)
+    return eagle
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_dynamic_tree_expansions_are_the_chains_of_their_paths(kind):
+    """Each expanded node's children in the dynamic tree are the head's top tokens after the node's path as a
+    cache-free chain computes it (``_reference_logits``): the head's tree attention and positions are right. A
+    flat verification cost keeps every candidate; greedy output is the target's own."""
+    from test_heads import random_head_draft
+
+    target = tiny_llama(vocab=64, seed=0)
+    prompt = torch.tensor([[5, 9, 11, 3, 7]])
+    eagle = _observed(target, random_head_draft(target, kind), prompt)
+    drafter = DynamicTreeDraft(eagle, verify_cost=lambda n: 1.0, head_cost=0.0, top_k=3)
+    greedy = sd.SamplingParams(temperature=0)
+    tree = drafter.propose_tree(prompt, torch.tensor([prompt.shape[1]]), 4, greedy, None)
+    assert tree.size == 1 + 3 + 3 * 9  # depth 1: 3; then 3 expanded per depth, 3 children each
+    expanded = [u for u in range(tree.size) if tree.children(u)]
+    assert len(expanded) == 1 + 3 * 3
+    for u in expanded:
+        path = [int(tree.tokens[i]) for i in tree.path_to(u)]
+        logits = eagle._reference_logits(prompt[0], torch.tensor([path + [0]]))[0, len(path)]
+        want = set(logits.topk(3).indices.tolist())
+        assert {int(tree.tokens[c]) for c in tree.children(u)} == want, path
+    base = sd.autoregressive_generate(target, prompt, max_new_tokens=40, sampling=greedy).tokens
+    fresh = DynamicTreeDraft(random_head_draft(target, kind), lambda n: 1 + 0.05 * n, 0.1, top_k=3)
+    out = sd.speculative_generate(target, fresh, prompt, gamma=4, max_new_tokens=40, sampling=greedy)
+    assert torch.equal(out.tokens, base)

@@ -122,14 +122,16 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x, positions, cache: KVCache | None = None):
+    def forward(self, x, positions, cache: KVCache | None = None, allowed: torch.Tensor | None = None):
+        """x (B, n, H) at ``positions`` (n,); with a cache, the new entries are appended and new token j sees the
+        cache and the new tokens up to itself, or what ``allowed`` (n, cache length after appending) says."""
         q, k, v = self.project(x, positions)
         if cache is None:
             return self.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
         k, v = cache.append(k, v)
         T, n = k.shape[2], x.shape[1]
-        # new token j (at cache position T - n + j) sees every cached token and the new ones up to itself
-        allowed = torch.arange(T, device=x.device)[None, :] <= (T - n + torch.arange(n, device=x.device))[:, None]
+        if allowed is None:
+            allowed = torch.arange(T, device=x.device)[None, :] <= (T - n + torch.arange(n, device=x.device))[:, None]
         return self.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
 
     def project(self, x, positions):
@@ -155,8 +157,8 @@ class EagleHead(nn.Module):
         self.fuse = nn.Linear(2 * H, H)
         self.layer = DecoderLayer(H, cfg.num_attention_heads, cfg.intermediate_size, cfg.rope_theta)
 
-    def forward(self, features, token_embeddings, positions, cache: KVCache | None = None):
-        return self.prediction(self.layer(self.inputs(features, token_embeddings), positions, cache))
+    def forward(self, features, token_embeddings, positions, cache: KVCache | None = None, allowed=None):
+        return self.prediction(self.layer(self.inputs(features, token_embeddings), positions, cache, allowed))
 
     def inputs(self, features, token_embeddings):
         return self.fuse(torch.cat([features, token_embeddings.to(features.dtype)], dim=-1))

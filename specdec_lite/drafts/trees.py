@@ -61,15 +61,16 @@ def root_builder(seq, lengths) -> TreeBuilder:
 
 
 class EagleTreeDraft(Drafter):
-    """The EAGLE head's chain, adaptive in length, with ``width - 1`` sibling leaves at each step: greedy, the next
-    most likely tokens; at T > 0 the chain's token and its siblings drawn i.i.d. from the head's q (SpecInfer:
-    exact with the recorded q). Reuses an ``EagleDraft`` (its caches and feature bookkeeping)."""
+    """The EAGLE head's chain, adaptive in length, with ``width - 1`` sibling leaves at each step: the next most
+    likely tokens, chosen; with ``draw``, at T > 0 the chain's token and its siblings are drawn i.i.d. from the
+    head's q instead (SpecInfer: exact with the recorded q). Reuses an ``EagleDraft`` (its caches and feature
+    bookkeeping)."""
 
     uses_target_features = True
     proposes_trees = True
 
     def __init__(self, eagle: EagleDraft, width: int = 2, adaptive: AdaptiveLength | None = None,
-                 draw: bool = True):
+                 draw: bool = False):
         if not isinstance(eagle, EagleDraft):
             raise TypeError(f"EagleTreeDraft wraps an EagleDraft (load_draft('smollm2-135m-eagle', target)), "
                             f"got {type(eagle).__name__}")
@@ -129,6 +130,110 @@ class EagleTreeDraft(Drafter):
         if self.adaptive is not None:
             self.adaptive.update(self._proposed, int(kept[0]) - self._start)
         self.eagle.rollback(kept)
+
+
+def node_budget(confidences, draft_cost: float, verify_cost) -> int:
+    """How many candidates to verify, the most confident first: the N that maximises the cost model's speedup
+    (1 + sum of the N largest path confidences) / (draft_cost + verify_cost(N + 1)), the path confidence standing
+    for the probability that a node is accepted (EAGLE-2). ``verify_cost(n)``: a target forward over n tokens in
+    decode steps, v(n) as measured on the machine; ``draft_cost``: the round's drafting, in decode steps."""
+    expected = 1 + torch.cat([torch.zeros(1), torch.as_tensor(confidences).sort(descending=True).values.cumsum(0)])
+    speed = [float(e) / (draft_cost + verify_cost(n + 1)) for n, e in enumerate(expected)]
+    return max(range(len(speed)), key=speed.__getitem__)
+
+
+@dataclass
+class Candidate:
+    token: int
+    parent: int  # index of the parent candidate, -1 for a child of the root
+    depth: int
+    confidence: float  # the product of the head's probabilities along the path
+    source: torch.Tensor  # (1, 1, H) the predicted feature whose logits proposed it
+
+
+class DynamicTreeDraft(Drafter):
+    """EAGLE-2's dynamic tree on an EAGLE head (Li et al. 2024): from the root, expand the ``top_k`` most confident
+    candidates of each depth by their ``top_k`` most likely children (path confidence: the product of the head's
+    probabilities along the path), up to depth gamma, then keep the candidates the cost model says pay
+    (``node_budget`` with the machine's v(n)). The candidates are chosen, not drawn, so the tree is exact at any
+    temperature (a chosen child is accepted with probability r(x)); at T > 0 the path confidence is the tempered
+    distribution's. The head drafts every expansion in one forward, each node attending to the real features
+    and its own ancestors."""
+
+    uses_target_features = True
+    proposes_trees = True
+
+    def __init__(self, eagle: EagleDraft, verify_cost, head_cost: float, top_k: int = 4):
+        if not isinstance(eagle, EagleDraft):
+            raise TypeError(f"DynamicTreeDraft wraps an EagleDraft, got {type(eagle).__name__}")
+        if top_k < 1 or head_cost < 0:
+            raise ValueError(f"need top_k >= 1 and head_cost >= 0, got {top_k}, {head_cost}")
+        self.eagle, self.verify_cost, self.head_cost, self.top_k = eagle, verify_cost, head_cost, top_k
+        self.vocab_size, self.feature_layers = eagle.vocab_size, eagle.feature_layers
+
+    def begin(self, input_ids):
+        self.eagle.begin(input_ids)
+
+    def observe(self, hidden, first_position: int) -> None:
+        self.eagle.observe(hidden, first_position)
+
+    def rollback(self, kept: torch.Tensor) -> None:
+        self.eagle.rollback(kept)
+
+    def children(self, parent: int, depth: int, confidence: float, feature, sampling) -> list[Candidate]:
+        logits = self.eagle.output.logits(feature[0, -1])
+        probs = torch.softmax(logits.float(), -1) if sampling.greedy else probs_from_logits(logits.float(), sampling)
+        top = probs.topk(min(self.top_k, int((probs > 0).sum())))
+        return [Candidate(int(t), parent, depth, confidence * float(p), feature)
+                for p, t in zip(top.values, top.indices)]
+
+    @torch.inference_mode()
+    def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
+        builder = root_builder(seq, lengths)
+        if self.eagle.features is None:  # the target has not run yet: nothing to read
+            return builder.build()
+        candidates = self.children(-1, 1, 1.0, self.eagle.catch_up(seq, lengths), sampling)
+        level, entry = list(range(len(candidates))), {}  # candidate -> its head cache entry once expanded
+        for depth in range(1, gamma):
+            expand = sorted(level, key=lambda i: -candidates[i].confidence)[: self.top_k]
+            features = self.expand(seq, expand, entry, candidates, int(lengths[0]) + depth - 2)
+            level = []
+            for i, feature in zip(expand, features.split(1, dim=1)):
+                for child in self.children(i, depth + 1, candidates[i].confidence, feature, sampling):
+                    level.append(len(candidates))
+                    candidates.append(child)
+        self.add_best(builder, candidates, gamma)
+        return builder.build()
+
+    def expand(self, seq, indices: list[int], entry: dict, candidates: list[Candidate], position: int):
+        """One head forward over the candidates ``indices`` (their source feature and token) at ``position``, each
+        seeing the real entries, its expanded ancestors' entries and itself; returns their new features (1, m, H).
+        ``entry`` (candidate -> head cache slot) gains theirs."""
+        eagle, device = self.eagle, seq.device
+        chosen, start = [candidates[i] for i in indices], eagle.cache.length
+        allowed = torch.zeros(len(chosen), start + len(chosen), dtype=torch.bool, device=device)
+        allowed[:, : eagle.real_length] = True
+        for j, c in enumerate(chosen):
+            allowed[j, start + j] = True
+            parent = c.parent
+            while parent >= 0:
+                allowed[j, entry[parent]] = True
+                parent = candidates[parent].parent
+        entry.update({i: start + j for j, i in enumerate(indices)})
+        tokens = torch.tensor([[c.token for c in chosen]], device=device)
+        sources = torch.cat([c.source[:, -1:] for c in chosen], dim=1)
+        positions = torch.full((len(chosen),), position, device=device)
+        return eagle.head(sources, eagle.embed(tokens), positions, eagle.cache, allowed)
+
+    def add_best(self, builder: TreeBuilder, candidates: list[Candidate], gamma: int) -> None:
+        """Add the candidates the cost model keeps (``node_budget``), the most confident first; a candidate's
+        path confidence is at most its parent's, so the kept set holds every kept node's ancestors."""
+        order = sorted(range(len(candidates)), key=lambda i: (-candidates[i].confidence, candidates[i].depth))
+        n = node_budget([candidates[i].confidence for i in order], gamma * self.head_cost, self.verify_cost)
+        node = {-1: 0}
+        for i in sorted(order[:n], key=lambda i: candidates[i].depth):
+            if candidates[i].parent in node:
+                node[i] = builder.add(node[candidates[i].parent], candidates[i].token)
 
 
 class LookupTreeDraft(Drafter):
