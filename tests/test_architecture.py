@@ -127,7 +127,8 @@ def entry_points() -> list[str]:
 def test_entry_points_are_the_documented_ones():
     assert set(entry_points()) == {"specdec_lite.repro.demo", "specdec_lite.repro.bench", "specdec_lite.repro.evaluate",
                                    "specdec_lite.repro.report", "specdec_lite.sweep", "specdec_lite.repro.gpu_bench",
-                                   "specdec_lite.train.corpus", "specdec_lite.train.features", "specdec_lite.train.teacher"}
+                                   "specdec_lite.train.corpus", "specdec_lite.train.features", "specdec_lite.train.teacher",
+                                   "specdec_lite.train.eagle3"}
 
 
 @pytest.mark.parametrize("module", sorted(entry_points()))

@@ -15,8 +15,8 @@ What differs from ``heads.py`` (the first EAGLE-style head):
 Held-out: a fixed list of the target's replies that the first head never trained on (records from
 ``FIRST_HEAD_RECORDS`` on, every ``HELDOUT_EVERY``-th), kept out of training, so the two heads are compared on the
 same text (``acceptance``). The data used (record and chunk counts) is fixed at the first run and stored in the
-training config, so a run resumed in a later session (``training_state.pt``: ``loop.TrainingLoop``) draws the same
-batches, even after the corpus has grown.
+training config, so a run resumed later, in another process (``training_state.pt``: ``loop.TrainingLoop``), draws
+the same batches, even after the corpus has grown.
 
     python -m specdec_lite.train.eagle3 --minutes 90       # resumes: rerun to continue
 """
@@ -35,7 +35,7 @@ from ..drafts.heads import (EagleHead, HeadConfig, OutputLayer, build_head, fuse
 from ..paths import drafts_dir
 from . import corpus, teacher
 from .batching import frequent_tokens, padded
-from .heads import _soft_ce
+from .heads import soft_cross_entropy
 from .loop import CONFIG_FILE, LoopConfig, TrainingLoop, read_config, write_config
 
 FIRST_HEAD_RECORDS = 2524  # target-made records the first EAGLE head trained on (its training_data.json)
@@ -124,7 +124,7 @@ def unrolled_loss(head: EagleHead, embed, output: OutputLayer, batch: dict, unro
     for k, predicted in enumerate(steps):
         counts = batch["counts"].clone()
         counts[:, :k] = False  # step k needs k earlier positions
-        losses.append(_soft_ce(output.sub_logits(predicted[counts]), target_sub[counts]).mean())
+        losses.append(soft_cross_entropy(output.sub_logits(predicted[counts]), target_sub[counts]).mean())
         counted.append(counts)
     return torch.stack(losses).mean(), steps, counted
 

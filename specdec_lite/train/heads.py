@@ -94,7 +94,7 @@ class FeatureDataset:
         return [(self.items[i][0], self.items[i][2]) for i in (rows if rows is not None else self.train)]
 
 
-def _soft_ce(logits, target_logits):
+def soft_cross_entropy(logits, target_logits):
     """Cross-entropy of softmax(logits) against softmax(target_logits), per row."""
     return -(target_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
 
@@ -114,7 +114,7 @@ def eagle_loss(head, embed, output: OutputLayer, batch, cfg: HeadTrainConfig, tr
     pred, true = predicted[mask], feats[:, 1:][mask]
     regression = F.smooth_l1_loss(pred, true)
     logits, target_logits = output.sub_logits(pred), output.sub_logits(true)
-    ce = _soft_ce(logits, target_logits).mean()
+    ce = soft_cross_entropy(logits, target_logits).mean()
     agree = (logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
     loss = cfg.regression_weight * regression + cfg.ce_weight * ce
     return loss, {"regression": regression.item(), "ce": ce.item(), "agreement": agree.item()}
@@ -136,7 +136,7 @@ def medusa_loss(head, output: OutputLayer, batch):
         mask = valid[:, 1 + k:] & (pos + 2 + k >= starts[:, None])
         logits = output.sub_logits(predicted[:, :span, k][mask])
         target_logits = target_logits_all[:, 1 + k:][mask]
-        losses.append(_soft_ce(logits, target_logits).mean())
+        losses.append(soft_cross_entropy(logits, target_logits).mean())
         metrics[f"agreement_head{k + 1}"] = (logits.argmax(-1) == target_logits.argmax(-1)).float().mean().item()
     loss = torch.stack(losses).mean()
     metrics["ce"] = loss.item()
