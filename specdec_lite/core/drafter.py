@@ -9,7 +9,8 @@ that its cache may keep at most the first ``kept[b]`` tokens (the newest token h
 
 Feature-level drafts (``drafts/heads.py``) set ``uses_target_features``; the loop then also calls
 ``observe(hidden, first_position)`` after each target forward with the target's hidden states at the drafter's
-``feature_layers`` (B, n, layers x H) of the positions it fed, ``first_position`` onwards. The rollback that follows says which of them were kept.
+``feature_layers`` (B, n, layers x H) of the positions it fed, ``first_position`` onwards. The rollback that
+follows says which of them were kept.
 """
 from __future__ import annotations
 
