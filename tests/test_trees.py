@@ -270,13 +270,20 @@ def test_t1_sampled_tree_through_a_tiny_llama_tree_forward():
     assert chi_square_pvalue(first_two(NodesSeeAllNodesLM(target, len(prompt)), n), want) < 1e-3
 
 
-def test_t1_eagle_tree_with_drawn_candidates_keeps_the_target_law():
-    """The EAGLE head's tree at T = 1 with its chain and siblings drawn from q (width 2, gamma 2), on a tiny Llama
-    (its tree forward: mask and positions) with a random EAGLE-3-style head. The first round is the prefill, so the
-    first three tokens are where the tree acts. n = 3,000 runs of the real loop; chi-square of the first three
-    tokens (27 cells) against the target's exact law at level 1e-3. The same test, run on the loop with the
-    residual left out of the verifier, rejects it (its power is not computed: the head's trees are not
-    enumerated). The drafter does draw: candidates repeat and differ from the head's top tokens."""
+EAGLE_TREES = {
+    "drawn EAGLE tree": lambda head: EagleTreeDraft(head, width=2, draw=True),
+    "dynamic tree": lambda head: DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2),
+}
+
+
+@pytest.mark.parametrize("kind", EAGLE_TREES)
+def test_t1_eagle_trees_keep_the_target_law(kind):
+    """The EAGLE head's trees at T = 1, gamma 2, on a tiny Llama (its tree forward: mask and positions) with a
+    random EAGLE-3-style head: the chain and its siblings drawn from q (width 2), or EAGLE-2's dynamic tree (chosen
+    candidates). The first round is the prefill, so the first three tokens are where the tree acts. n = 3,000 runs
+    of the real loop; chi-square of the first three tokens (27 cells) against the target's exact law at level
+    1e-3. The same test, run on the loop with the residual left out of the verifier, rejects it (its power is not
+    computed: the head's trees are not enumerated)."""
     from test_heads import random_head_draft
 
     target = tiny_llama(vocab=3, layers=2, seed=11)
@@ -284,22 +291,30 @@ def test_t1_eagle_tree_with_drawn_candidates_keeps_the_target_law():
     want = exact_target_distribution(target, prompt, 3, sampling)
 
     def first_three(verifier, seed0):
-        drafter = EagleTreeDraft(random_head_draft(target, "eagle3", seed=3), width=2, draw=True)
+        drafter = EAGLE_TREES[kind](random_head_draft(target, "eagle3", seed=3))
         return np.array([sd.speculative_generate(target, drafter, torch.tensor(prompt), gamma=2, max_new_tokens=3,
                                                  sampling=sampling, seed=s, verifier=verifier).tokens.tolist()
                          for s in range(seed0, seed0 + n)])
 
     assert chi_square_pvalue(first_three(EXACT, 0), want) > 1e-3
     assert chi_square_pvalue(first_three(TREE_MUTANTS["residual not updated between siblings"], n), want) < 1e-3
+
+
+def test_drawn_candidates_are_drawn():
+    """With draw=True at T = 1 every candidate carries the q it was drawn from, and siblings repeat (drawn with
+    replacement), which the head's two most likely tokens never do."""
+    from test_heads import random_head_draft
+
+    target = tiny_llama(vocab=3, layers=2, seed=11)
     drafter = EagleTreeDraft(random_head_draft(target, "eagle3", seed=3), width=2, draw=True)
     trees = []
     drafter.propose_tree = lambda *a, grow=drafter.propose_tree: trees.append(grow(*a)) or trees[-1]
     for s in range(20):
-        sd.speculative_generate(target, drafter, torch.tensor(prompt), gamma=2, max_new_tokens=3, sampling=sampling,
-                                seed=s)
+        sd.speculative_generate(target, drafter, torch.tensor([0, 2]), gamma=2, max_new_tokens=3,
+                                sampling=sd.SamplingParams(temperature=1.0), seed=s)
     drawn = [t for t in trees if t.size > 1]
     assert drawn and all(bool(t.drawn[1:].all()) for t in drawn)
-    assert any(int(t.tokens[1]) == int(t.tokens[2]) for t in drawn)  # drawn with replacement, not the top two
+    assert any(int(t.tokens[1]) == int(t.tokens[2]) for t in drawn)
 
 
 def test_node_budget_keeps_what_pays_by_the_cost_model():
