@@ -40,16 +40,31 @@ def test_exact_law_of_first_three_tokens(kind, sampling):
     assert max_abs_difference(got, want) < 1e-9
 
 
+@pytest.mark.parametrize("entropy", [False, True], ids=["top token", "entropy"])
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.6, 1.0])
-def test_adaptive_length_exact_at_every_threshold(threshold):
-    """The adaptive rule is exact at any threshold, including one that proposes nothing (1.0) or everything (0.0);
-    the threshold moving between rounds is a function of past rounds only, so each round is one of these cases."""
+def test_adaptive_length_exact_at_every_threshold(threshold, entropy):
+    """The adaptive rule is exact at any threshold, including one that proposes nothing (1.0) or everything (0.0),
+    whether it reads the top token's probability or q's entropy; the threshold moving between rounds is a function
+    of past rounds only, so each round is one of these cases."""
     target, draft = toy(seed=5)
-    drafter = ModelDraft(draft, adaptive=AdaptiveLength(threshold=threshold, step=0.0, high=1.0))
+    drafter = ModelDraft(draft, adaptive=AdaptiveLength(threshold=threshold, step=0.0, high=1.0, entropy=entropy))
     sampling = sd.SamplingParams(temperature=1.0)
     want = exact_target_distribution(target, PROMPT, 3, sampling)
     got = exact_speculative_distribution(target, drafter, PROMPT, gamma=3, n=3, sampling=sampling)
     assert max_abs_difference(got, want) < 1e-9
+
+
+def test_entropy_confidence_is_exp_minus_entropy_at_t_above_0():
+    """exp(-H(q)): 1/4 for four equally likely tokens, 1 for a certain one; greedy (or no sampling given) it is the
+    top token's untempered probability."""
+    uniform, certain = torch.zeros(1, 4), torch.tensor([[0.0, -1e4, -1e4, -1e4]])
+    t1 = sd.SamplingParams(temperature=1.0)
+    assert sd.core.drafter.confidence_of(uniform, t1) == pytest.approx(0.25)
+    assert sd.core.drafter.confidence_of(certain, t1) == pytest.approx(1.0)
+    peaked = torch.tensor([[2.0, 0.0, 0.0, 0.0]])  # p = e^2 / (e^2 + 3) = 0.711 at the top
+    assert sd.core.drafter.confidence_of(peaked) == pytest.approx(0.7112, abs=1e-4)
+    # at T = 1: H = -(0.7112 ln 0.7112 + 3 x 0.0963 ln 0.0963) = 0.2422 + 0.6761 = 0.9183 nats, exp(-H) = 0.399
+    assert sd.core.drafter.confidence_of(peaked, t1) == pytest.approx(0.3991, abs=2e-4)
 
 
 def test_adaptive_threshold_moves_and_falls_back_to_plain_steps():

@@ -44,12 +44,12 @@ class Drafter:
         pass
 
 
-def confidence_of(logits: torch.Tensor, sampling: SamplingParams) -> float:
+def confidence_of(logits: torch.Tensor, sampling: SamplingParams | None = None) -> float:
     """How sure the draft is of its next token, known before the target runs (the least over the rows of a
-    batch): greedy, its probability of its most likely token under its untempered softmax; at T > 0, exp(-H(q)),
-    q its sampling distribution (1 for a certain token, 1/k for k equally likely ones), since a sampled draft is
-    accepted less often the more spread q is."""
-    if sampling.greedy:
+    batch): its probability of its most likely token under its untempered softmax; given ``sampling`` at T > 0,
+    exp(-H(q)) instead, q its sampling distribution (1 for a certain token, 1/k for k equally likely ones), since
+    a sampled draft is accepted less often the more spread q is."""
+    if sampling is None or sampling.greedy:
         return float(torch.softmax(logits.float(), dim=-1).max(-1).values.min())
     q = probs_from_logits(logits.float(), sampling)
     entropy = -(q * q.clamp_min(1e-30).log()).sum(-1)
@@ -58,17 +58,16 @@ def confidence_of(logits: torch.Tensor, sampling: SamplingParams) -> float:
 
 class LengthPolicy(Protocol):
     """When a drafter stops within a round (``drafts.trees.AdaptiveLength``): ``keep_going`` reads the draft's
-    confidence in its next token; ``update`` learns from how many of the proposed tokens the verifier kept."""
+    next-token logits before it drafts from them; ``update`` learns from how many proposed tokens were kept."""
 
-    def keep_going(self, confidence: float) -> bool: ...
+    def keep_going(self, logits: torch.Tensor, sampling: SamplingParams) -> bool: ...
 
     def update(self, proposed: int, accepted: int) -> None: ...
 
 
 def stops_here(policy: LengthPolicy | None, logits: torch.Tensor, sampling: SamplingParams) -> bool:
-    """The adaptive stop, before drafting from ``logits`` (B, V): a policy is given and the draft is not
-    confident enough of its next token (``confidence_of``)."""
-    return policy is not None and not policy.keep_going(confidence_of(logits, sampling))
+    """The adaptive stop, before drafting from ``logits`` (B, V): a policy is given and it says stop."""
+    return policy is not None and not policy.keep_going(logits, sampling)
 
 
 def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generator):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.drafter import Drafter, stops_here
+from ..core.drafter import Drafter, confidence_of, stops_here
 from ..core.lm import as_language_model
 from ..core.sampling import SamplingParams, probs_from_logits
 from ..core.tree import Tree, TreeBuilder
@@ -32,20 +32,22 @@ from .heads import EagleDraft
 
 @dataclass
 class AdaptiveLength:
-    """Stop drafting when the draft's probability of its next token is below ``threshold``; move the threshold
-    by ``step`` after each round: up after a rejection, down after a fully accepted (or empty) proposal."""
+    """Stop drafting when the draft's probability of its next token is below ``threshold`` (with ``entropy``, at
+    T > 0: when exp(-H(q)) is, q's spread; ``core.drafter.confidence_of``); move the threshold by ``step`` after
+    each round: up after a rejection, down after a fully accepted (or empty) proposal."""
 
     threshold: float = 0.3  # starting threshold on the draft's own probability of its token
     step: float = 0.05  # change per round
     low: float = 0.0  # bounds of the threshold
     high: float = 0.9
+    entropy: bool = False  # at T > 0, judge by q's entropy instead of the top token's probability
 
     def __post_init__(self):
         if not 0.0 <= self.low <= self.threshold <= self.high <= 1.0 or self.step < 0:
             raise ValueError(f"need 0 <= low <= threshold <= high <= 1 and step >= 0, got {self}")
 
-    def keep_going(self, confidence: float) -> bool:
-        return confidence >= self.threshold
+    def keep_going(self, logits: torch.Tensor, sampling: SamplingParams) -> bool:
+        return confidence_of(logits, sampling if self.entropy else None) >= self.threshold
 
     def update(self, proposed: int, accepted: int) -> None:
         """After a round: ``proposed`` tokens on the drafter's own chain, ``accepted`` of them kept."""
