@@ -1,6 +1,8 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11, no GPU, package registries only):
-#   make reproduce   set up, then run every notebook on the embedded pair, in place (notebooks/reproduce.yaml)
-#   make test        set up, then the unit tests and the notebooks under nbval in smoke mode (CI runs this)
+#   make reproduce   set up, then run every notebook on the embedded pair, publishing: the shipped results,
+#                    figures and documents, and the executed notebooks over the committed ones (notebooks/reproduce.yaml)
+#   make test        set up, then the unit tests (the browser test among them) and the notebooks under nbval in
+#                    smoke mode (CI runs this)
 # GPU users: create the conda environment from environment.yml (or install a CUDA torch into .venv first),
 # then `make gpu-check`.
 PYTHON ?= python3
@@ -11,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.specdec_lite-installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 
-.PHONY: setup reproduce test gpu-check bench demo drafts sweep lab clean
+.PHONY: setup browser reproduce test gpu-check bench demo drafts sweep lab clean
 
 setup: $(STAMP)
 
@@ -27,14 +29,23 @@ $(STAMP): pyproject.toml
 reproduce: setup
 	$(BIN)/python -m specdec_lite.sweep notebooks/reproduce.yaml
 
+# the browser test (tests/test_lab_in_browser.py) drives JupyterLab in headless Chromium: installed here with
+# apt-get when missing, where that is possible (root on Debian); elsewhere the test fails saying what to install
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	else echo "the browser test needs chromium and chromedriver: sudo apt-get install chromium chromium-driver"; fi
+
 # notebooks run in smoke mode under nbval: SPECDEC_SMOKE=1 switches each one's `smoke` parameter on
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest tests -q -p no:cacheprovider
 ifneq ($(NOTEBOOKS),)
 	SPECDEC_SMOKE=1 $(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS) -q -p no:cacheprovider
 endif
 
-# retrain the drafts and heads from the target-made text (notebooks/drafts.yaml: hours on a 2-core CPU; rerun to resume)
+# retrain the drafts and heads from the target-made text and publish them into data/drafts/ (notebooks/drafts.yaml:
+# hours on a 2-core CPU; rerun to resume); `make reproduce` then re-evaluates them
 drafts: setup
 	$(BIN)/python -m specdec_lite.sweep notebooks/drafts.yaml
 
@@ -43,10 +54,13 @@ PAIRS ?= notebooks/pairs.example.yaml
 sweep: setup
 	$(BIN)/python -m specdec_lite.sweep $(PAIRS)
 
-# JupyterLab on the notebooks, with this environment registered as the notebooks' kernel ("python3")
+# JupyterLab at the repository root (the notebooks in notebooks/), with this environment registered as the
+# notebooks' kernel ("python3"); as root it adds --allow-root; more options: make lab LAB_ARGS="--port 8890"
+LAB_ARGS ?=
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)"
-	$(BIN)/jupyter lab notebooks
+	$(BIN)/jupyter lab --ServerApp.root_dir=. $(ALLOW_ROOT) $(LAB_ARGS)
 
 demo: setup
 	$(BIN)/python -m specdec_lite.repro.demo

@@ -5,9 +5,10 @@
 The pairs file (every key is checked before anything runs)::
 
     notebooks: [03_task_acceptance]        # which notebooks, in order; an entry may carry its own
-                                           # parameters: {00_train_draft: {retrain: false}}
+                                           # parameters: {00_train_draft: {retrain: true}}
     parameters: {prompts_per_task: 2}      # notebook parameters for every pair (optional)
     out: out/sweeps/my-sweep               # where the comparison goes (default: out/sweeps/<file name>)
+    publish: false                         # true: write the shipped results (the shipped pair only)
     pairs:
       - target: meta-llama/Llama-3.1-8B-Instruct   # required: name, Hugging Face id or local folder
         draft: meta-llama/Llama-3.2-1B-Instruct    # required
@@ -19,9 +20,12 @@ The pairs file (every key is checked before anything runs)::
 
 Each pair is checked first (names, device, dtype, matching tokenizers); a pair that is refused, or a notebook that
 fails, is recorded with the reason and the sweep goes on. Each run writes its executed notebooks, CSVs and figures
-in its own folder (``out/runs/<run name>/``; the embedded default run: the shipped ones, notebooks in place). The
-sweep then writes ``status.csv``, and from every run of ``03_task_acceptance`` ``comparison.csv`` and
-``comparison.png``: acceptance, mean accepted length, c and speedup per pair, method and task.
+in its own folder (``out/runs/<run name>/``). A publishing sweep (``publish: true``, ``make reproduce``) runs the
+notebooks with ``SPECDEC_PUBLISH=1``, so they write the shipped results, figures and documents, and saves each
+executed notebook over the committed one when it ran with the committed parameters (else in the run's folder):
+a committed notebook's parameters cell is what ran. The sweep then writes ``status.csv``, and from every run of
+``03_task_acceptance`` ``comparison.csv`` and ``comparison.png``: acceptance, mean accepted length, c and speedup
+per pair, method and task.
 
 Executed notebooks are saved as JupyterLab saves them (``jupyterlab_form``), with each progress bar's final
 state only, so opening one in JupyterLab does not change it.
@@ -32,16 +36,17 @@ import argparse
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paths
 from .paths import is_head_dir
 from .core.tokenizers import check_tokenizers
-from .repro.notebook import SMOKE_ENV, RunPlace, check_parameters, place_run
+from .repro.notebook import PUBLISH_ENV, SMOKE_ENV, RunPlace, check_parameters, place_run
 
 PAIR_KEYS = {"target", "draft", "heads", "device", "dtype", "run_name", "parameters"}
-TOP_KEYS = {"notebooks", "parameters", "pairs", "out"}
+TOP_KEYS = {"notebooks", "parameters", "pairs", "out", "publish"}
 PAIR_PARAMETERS = ("target", "draft", "device", "dtype", "run_name", "heads")  # keys a pair passes to notebooks
 KERNEL = "python3"
 KERNEL_DISPLAY_NAME = "Python 3 (ipykernel)"  # what JupyterLab writes for this kernel
@@ -68,6 +73,7 @@ class Sweep:
     parameters: dict  # for every pair
     pairs: list  # [Pair]
     out: Path
+    publish: bool = False  # the runs write the shipped results (SPECDEC_PUBLISH=1)
 
 
 def notebook_path(name: str) -> Path:
@@ -116,8 +122,11 @@ def read_sweep(path: str | Path) -> Sweep:
         if unknown:
             raise ValueError(f"{where}, {place}: unknown notebook parameters {unknown}; the chosen notebooks take "
                              f"{sorted(declared)}")
+    if not isinstance(raw.get("publish", False), bool):
+        raise ValueError(f"{where}: 'publish' must be true or false")
     out = Path(raw.get("out") or paths.repo_root() / "out" / "sweeps" / path.stem)
-    return Sweep(notebooks=notebooks, parameters=dict(raw.get("parameters") or {}), pairs=pairs, out=out)
+    return Sweep(notebooks=notebooks, parameters=dict(raw.get("parameters") or {}), pairs=pairs, out=out,
+                 publish=raw.get("publish", False))
 
 
 def pair_value(key: str, value):
@@ -137,15 +146,15 @@ def check_keys(mapping: dict, allowed: set, required: set, where: str) -> None:
         raise ValueError(f"{where}: missing keys {missing}")
 
 
-def check_pair(pair: Pair, smoke: bool = False) -> RunPlace:
-    """Refuse a pair before its notebooks start (names, device, dtype, the draft's tokenizer), with the notebooks'
-    own checks; returns where its run writes, by the notebooks' own rule."""
+def check_pair(pair: Pair, smoke: bool = False, publish: bool = False) -> RunPlace:
+    """Refuse a pair before its notebooks start (names, device, dtype, publishing, the draft's tokenizer), with the
+    notebooks' own checks; returns where its run writes, by the notebooks' own rule."""
     from transformers import AutoTokenizer
 
     from .core.models import resolve_name
 
     device, dtype = check_parameters(pair.target, pair.draft, pair.device, pair.dtype)
-    place = place_run(pair.target, pair.draft, device, dtype, pair.run_name, smoke)
+    place = place_run(pair.target, pair.draft, device, dtype, pair.run_name, smoke, publish)
     if pair.draft in ("n-gram", "layer-skip") or is_head_dir(Path(resolve_name(pair.draft))):
         return place  # drafts without a tokenizer of their own
     check_tokenizers(AutoTokenizer.from_pretrained(resolve_name(pair.target)),
@@ -153,19 +162,44 @@ def check_pair(pair: Pair, smoke: bool = False) -> RunPlace:
     return place
 
 
-def run_notebook(name: str, output: Path, parameters: dict) -> None:
-    """Execute one notebook with papermill (in ``notebooks/``), then save it as JupyterLab would."""
+def executed_path(name: str, place: RunPlace, changed: dict) -> Path:
+    """Where an executed notebook is saved: over the committed one for a publishing run with the committed
+    parameters (``changed`` empty), so that a committed notebook shows what ran; else in the run's folder."""
+    if place.published and not changed:
+        return notebook_path(name)
+    folder = paths.repo_root() / "out" / "runs" / place.name if place.published else place.folder
+    return folder / f"{Path(name).stem}.ipynb"
+
+
+def run_notebook(name: str, output: Path, parameters: dict, publish: bool = False) -> None:
+    """Execute one notebook with papermill (in ``notebooks/``), publishing or not (``SPECDEC_PUBLISH``), with the
+    parameters that differ from its defaults; then save it as JupyterLab would."""
     import papermill
 
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no widget bars for model loading in saved outputs
     output.parent.mkdir(parents=True, exist_ok=True)
+    changed = changed_parameters(name, parameters)
     try:
-        papermill.execute_notebook(str(notebook_path(name)), str(output), kernel_name=KERNEL, progress_bar=False,
-                                   parameters=changed_parameters(name, parameters),
-                                   cwd=str(paths.repo_root() / "notebooks"), coalesce_streams=True)
+        with environment(PUBLISH_ENV, "1" if publish else "0"):  # the kernel inherits it
+            papermill.execute_notebook(str(notebook_path(name)), str(output), kernel_name=KERNEL,
+                                       progress_bar=False, parameters=changed,
+                                       cwd=str(paths.repo_root() / "notebooks"), coalesce_streams=True)
     finally:
         if output.exists():
-            output.write_text(jupyterlab_form(portable_paths(output.read_text())))
+            output.write_text(jupyterlab_form(portable_metadata(output.read_text(), changed)))
+
+
+@contextmanager
+def environment(name: str, value: str):
+    """``name=value`` in this process's environment (and its kernels') for the ``with`` block."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def changed_parameters(name: str, parameters: dict) -> dict:
@@ -188,13 +222,15 @@ def changed_parameters(name: str, parameters: dict) -> dict:
     return changed
 
 
-def portable_paths(text: str) -> str:
+def portable_metadata(text: str, injected: dict) -> str:
     """papermill records the input and output paths as given (absolute here): make them relative to the
-    repository, so a saved notebook carries no machine's paths."""
+    repository, so a saved notebook carries no machine's paths; and record the parameters this run injected
+    (papermill keeps an earlier run's record when it injects none)."""
     import nbformat
 
     nb = nbformat.reads(text, as_version=4)
     record = nb.metadata.get("papermill", {})
+    record["parameters"] = dict(injected)
     root = paths.repo_root()
     for key in ("input_path", "output_path"):
         if record.get(key) and Path(record[key]).is_absolute() and Path(record[key]).is_relative_to(root):
@@ -223,24 +259,24 @@ def run_sweep(sweep: Sweep, log=print) -> list[dict]:
     for i, pair in enumerate(sweep.pairs, 1):
         head = f"[pair {i}/{len(sweep.pairs)}] {pair.label}"
         try:
-            place = check_pair(pair, smoke or bool(pair.parameters.get("smoke")))
+            place = check_pair(pair, smoke or bool(pair.parameters.get("smoke")), sweep.publish)
         except (ValueError, FileNotFoundError, OSError) as err:
             log(f"{head}: refused: {err}")
             status += [row(pair, name, "refused", str(err), None) for name, _ in sweep.notebooks]
             continue
-        notebooks = paths.repo_root() / "notebooks" if place.default else place.folder  # default: in place
         for name, nb_params in sweep.notebooks:
             params = {k: getattr(pair, k) for k in PAIR_PARAMETERS} | sweep.parameters | nb_params | pair.parameters
+            output = executed_path(name, place, changed_parameters(name, params))
             log(f"{head}: {name} ...")
             start = time.perf_counter()
             try:
-                run_notebook(name, notebooks / f"{Path(name).stem}.ipynb", params)
+                run_notebook(name, output, params, place.published)
                 outcome, reason = "ok", ""
             except PapermillExecutionError as err:
                 outcome, reason = "failed", f"{err.ename}: {err.evalue}"
             seconds = time.perf_counter() - start
             log(f"{head}: {name} {outcome} ({seconds:.0f} s){': ' + reason if reason else ''}")
-            status.append(row(pair, name, outcome, reason, seconds, notebooks, place.results))
+            status.append(row(pair, name, outcome, reason, seconds, output.parent, place.results))
     return status
 
 

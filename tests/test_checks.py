@@ -155,6 +155,8 @@ def test_c21_heads_order():
     row = checks.c21_heads_order({"Medusa heads": 0.9, "EAGLE head": 1.1, "n-gram": 1.2}, "ours plain, float32")
     assert row.verdict == R and row.measured.endswith("n-gram 1.20x, EAGLE head 1.10x, Medusa heads 0.90x")
     assert checks.c21_heads_order({"Medusa heads": 1.2, "EAGLE head": 1.1}, "ours plain").verdict == D
+    untested = checks.c21_heads_order({"n-gram": 1.2}, "ours plain")  # a target with no heads trained for it
+    assert untested.verdict == "not testable here" and "00_train_heads" in untested.reason
 
 
 def test_c18_along_output():

@@ -46,6 +46,24 @@ def test_claim_rows_are_validated_and_gathered_one_verdict_per_claim(tmp_path):
     assert row.measured == "15/16 | sim ok" and row.source == "000"
 
 
+def test_a_claim_sheet_keeps_one_row_per_check_and_the_last_one_wins(tmp_path):
+    def row(cid, source="000", measured="m"):
+        return claims.ClaimRow(cid, source, "e", measured, "reproduces", "r")
+
+    sheet = claims.claim_sheet("01_unbiasedness", tmp_path, {"dtype": "float32"})
+    sheet.add(row("C1"), row("C2"), row("C3"), row("C4"))
+    with pytest.raises(ValueError, match="claims C16, C17, C22 have no row in this kernel yet"):
+        sheet.write()  # a partial table never replaces a whole one
+    sheet.add(row("C16"), row("C17"), row("C22"), row("C1", "000 (real pair)"))
+    sheet.add(row("C4", measured="again"))  # a cell run again: its row is replaced where it stands
+    assert claims.claim_sheet("01_unbiasedness", tmp_path, {"dtype": "float32"}) is sheet  # set-up cell run again
+    assert claims.claim_sheet("01_unbiasedness", tmp_path, {"dtype": "bfloat16"}) is not sheet
+    table = sheet.write()
+    assert list(table.claim) == ["C1", "C2", "C3", "C4", "C16", "C17", "C22", "C1"]
+    assert table.measured[3] == "again" and set(table.dtype) == {"float32"}
+    assert (tmp_path / "claims_01_unbiasedness.csv").read_text() == table.to_csv(index=False)
+
+
 def test_the_package_knows_every_claim_and_where_it_is_checked():
     assert claims.ALL_CLAIMS == [f"C{i}" for i in range(1, 23)]
     for cid, claim in claims.CLAIMS.items():

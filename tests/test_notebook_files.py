@@ -1,6 +1,7 @@
 """The committed notebooks as a JupyterLab user meets them: saved in JupyterLab's own form (opening one changes
 nothing), no machine paths or warnings in their outputs, progress bars in their final state only, parameters
-with types and help, and first cells that run through the notebooks' kernel spec."""
+with types and help that are what ran (no injected cell), safe defaults, what each shows, costs and writes at
+its top, short lines, output checks as cell tags, and first cells that run through the notebooks' kernel spec."""
 import json
 import re
 import subprocess
@@ -73,8 +74,74 @@ def test_papermill_help_shows_every_parameter_with_its_type_and_help(path):
     assert len(found) >= 7, out
     for name, (type_name, help_text) in found.items():
         assert type_name in ("str", "int", "float", "bool", "list") and help_text and ":" not in help_text[:1], name
-    assert {"target", "device", "dtype", "run_name", "seed", "smoke"} <= set(found), (path.name, sorted(found))
+    assert {"target", "device", "dtype", "run_name", "smoke", "publish"} <= set(found), (path.name, sorted(found))
+    assert ("seed" in found) == (path.stem != "04_claims"), "seed where something is sampled, nowhere else"
     assert found["dtype"][0] == "str" and found["smoke"][0] == "bool"
+
+
+def parameters_of(path: Path) -> dict:
+    import papermill
+
+    return {name: p["default"] for name, p in papermill.inspect_notebook(str(path)).items()}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_a_notebook_shows_what_ran_and_its_defaults_are_safe(path):
+    """No papermill cell overrides the parameters cell (the committed notebooks are `make reproduce` runs with
+    their shown defaults); a Run All neither publishes nor retrains."""
+    nb = json.loads(path.read_text())
+    assert not [c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", [])], path.name
+    assert nb["metadata"]["papermill"]["parameters"] == {}, "the papermill record names parameters that did not run"
+    defaults = parameters_of(path)
+    assert defaults["publish"] == "False" and defaults["smoke"] == "False"
+    assert defaults.get("retrain", "False") == "False"
+
+
+def test_make_reproduce_runs_the_notebooks_as_committed():
+    for name in ("reproduce", "drafts"):
+        assert sweep.read_sweep(paths.repo_root() / "notebooks" / f"{name}.yaml").publish, name
+    plan = sweep.read_sweep(paths.repo_root() / "notebooks" / "reproduce.yaml")
+    assert [n for n, _ in plan.notebooks] == IDS
+    [pair] = plan.pairs
+    for name, params in plan.notebooks:
+        given = {k: getattr(pair, k) for k in sweep.PAIR_PARAMETERS} | plan.parameters | params | pair.parameters
+        assert sweep.changed_parameters(name, given) == {}, name  # so they are executed over the committed ones
+
+
+def test_the_training_defaults_are_those_of_the_shipped_checkpoints():
+    draft = parameters_of(paths.repo_root() / "notebooks" / "00_train_draft.ipynb")
+    heads = parameters_of(paths.repo_root() / "notebooks" / "00_train_heads.ipynb")
+    logs = {name: json.loads((paths.drafts_dir() / name / "training_log.jsonl").read_text().splitlines()[-1])
+            for name in ("smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-medusa")}
+    assert int(draft["steps"]) == logs["smollm2-135m-draft"]["step"]
+    assert int(heads["eagle_steps"]) == logs["smollm2-135m-eagle"]["step"]
+    assert int(heads["medusa_steps"]) == logs["smollm2-135m-medusa"]["step"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_each_notebook_opens_with_what_it_shows_costs_and_writes(path):
+    top = "".join(json.loads(path.read_text())["cells"][0]["source"])
+    shows, costs, writes = (re.search(rf"^- \*\*{word}[:*]", top, re.M) for word in ("Shows", "Costs", "Writes"))
+    assert shows and costs and writes, top[:400]
+    cost = top[costs.start():writes.start()]
+    assert re.search(r"[\d,]+ s .*in full", cost) and re.search(r"[\d,]+ s in smoke mode", cost), cost
+    assert "out/runs/" in top and "publish = True" in top
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_cells_are_short_lines_with_output_checks_as_tags(path):
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        assert "NBVAL" not in source, "an nbval marker as a comment: use the cell tag (nbval-check-output, ...)"
+        long = [line for line in source.splitlines() if len(line) > 100]
+        assert not long, (path.name, long)
+        if "display(" in source:  # IPython's display is imported where it is used, not taken as a builtin
+            assert any("from IPython.display import display" in "".join(c["source"]) for c in nb["cells"])
+    tags = {t for c in nb["cells"] for t in c["metadata"].get("tags", [])}
+    assert tags <= {"parameters", "nbval-check-output", "nbval-ignore-output"}, tags
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -94,4 +161,4 @@ def test_first_cells_run_through_the_notebooks_kernel_spec(path, tmp_path):
     NotebookClient(nb, kernel_name=nb.metadata.kernelspec.name, timeout=300,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     printed = "".join(output_text(o) for o in outputs(nb))
-    assert "smoke: True" in printed, printed
+    assert "smoke: True" in printed and "writes to out/smoke/" in printed, printed

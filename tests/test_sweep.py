@@ -2,6 +2,7 @@
 comparison over all pairs, and the shipped results left untouched."""
 import hashlib
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -74,6 +75,31 @@ def test_pairs_files_take_yaml_lists_and_defaults(tmp_path):
         {"dtype": "bfloat16"}  # papermill injects only what differs from the notebook's defaults
 
 
+def test_only_a_publishing_run_with_the_committed_parameters_is_saved_over_the_committed_notebook():
+    root = paths.repo_root()
+    shipped = sweep.check_pair(sweep.Pair("smollm2-135m-instruct", "smollm2-135m-draft"), publish=True)
+    assert shipped.published and sweep.executed_path("01_unbiasedness", shipped, {}) == \
+        root / "notebooks" / "01_unbiasedness.ipynb"
+    retrained = sweep.executed_path("00_train_draft", shipped, {"retrain": True})  # make drafts
+    assert retrained == root / "out" / "runs" / shipped.name / "00_train_draft.ipynb"
+    interactive = sweep.check_pair(sweep.Pair("smollm2-135m-instruct", "smollm2-135m-draft"))
+    assert not interactive.published
+    assert sweep.executed_path("01_unbiasedness", interactive, {}) == interactive.folder / "01_unbiasedness.ipynb"
+    with pytest.raises(ValueError, match="writes under out/runs/: set publish = False"):
+        sweep.check_pair(sweep.Pair("smollm2-135m-instruct", "n-gram"), publish=True)
+
+
+def test_the_kernel_learns_whether_to_publish_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SPECDEC_PUBLISH", "1")
+    with sweep.environment("SPECDEC_PUBLISH", "0"):
+        assert os.environ["SPECDEC_PUBLISH"] == "0"
+    assert os.environ["SPECDEC_PUBLISH"] == "1"
+    monkeypatch.delenv("SPECDEC_PUBLISH")
+    with sweep.environment("SPECDEC_PUBLISH", "1"):
+        assert os.environ["SPECDEC_PUBLISH"] == "1"
+    assert "SPECDEC_PUBLISH" not in os.environ
+
+
 @pytest.mark.parametrize("content, message", [
     ({"pairs": [{"target": "x"}]}, "pair 1: missing keys \\['draft'\\]"),
     ({"pairs": [{"target": "x", "draft": "y", "dtpye": "auto"}]}, "pair 1: unknown keys \\['dtpye'\\]"),
@@ -81,6 +107,7 @@ def test_pairs_files_take_yaml_lists_and_defaults(tmp_path):
     ({"pair": [{"target": "x", "draft": "y"}]}, "unknown keys \\['pair'\\]"),
     ({"pairs": [{"target": "x", "draft": "y"}], "notebooks": ["05_nothing"]}, "no notebook '05_nothing'; choose from"),
     ({"pairs": [{"target": "x", "draft": "y"}], "parameters": {"gama": 4}}, "unknown notebook parameters \\['gama'\\]"),
+    ({"pairs": [{"target": "x", "draft": "y"}], "publish": "yes"}, "'publish' must be true or false"),
 ])
 def test_bad_sweep_files_are_refused_before_anything_runs(tmp_path, content, message):
     for name in ("pairs.yaml", "pairs.json"):

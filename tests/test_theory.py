@@ -126,6 +126,9 @@ def test_costs_are_the_documented_ratios_of_medians():
         costs.measure(tiny_llama(), gammas=[0])
     no_draft = costs.measure(tiny_llama(), gammas=[2], repeats=1, context_len=8, clock=FakeClock([9, 4, 9, 6]))
     assert no_draft.v == {2: 1.5} and np.isnan(no_draft.c)
+    # v(n) for token trees: every count against one token, 1 always among them
+    assert costs.cost_by_tokens(tiny_llama(), (3, 2), repeats=1, context_len=8,
+                                clock=FakeClock([50, 2, 50, 3, 50, 5])) == {1: 1.0, 2: 1.5, 3: 2.5}
 
 
 def test_costs_by_batch_measures_v_at_each_batch_size():

@@ -1,7 +1,8 @@
 """Claim rows: the claims C1..C22 (listed in docs/CLAIMS.md, their sources in docs/SOURCES.md) and their verdicts.
 
 Each notebook ends with the claims it checked: the article's figure, ours, a verdict computed from the
-measurement with a stated tolerance, and a one-line reason. Rows are written to
+measurement with a stated tolerance, and a one-line reason. Its cells add rows to its ``ClaimSheet`` (one row
+per check, the last one wins, so a cell run again replaces its row), which writes
 ``data/results/claims_<notebook>.csv``; ``04_claims`` gathers them into ``claims.csv`` (one verdict per claim)
 and ``report.write_results`` turns the CSVs into docs/RESULTS.md.
 """
@@ -93,6 +94,44 @@ def write_claims(rows: list[ClaimRow], name: str, results_dir: Path | None = Non
     results_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(results_dir / f"claims_{name}.csv", index=False)
     return frame
+
+
+class ClaimSheet:
+    """A notebook's claim rows, one per check: a check is a claim and its source ("C1" on the toy models and "C1"
+    on the real pair are two). Adding a check again replaces its row where it stands, so cells can be re-run in
+    any order and the sheet stays what one clean run gives."""
+
+    def __init__(self, notebook: str, results_dir: Path, context: dict):
+        self.notebook, self.results_dir, self.context = notebook, Path(results_dir), dict(context)
+        self.rows: dict[tuple[str, str], ClaimRow] = {}
+
+    def add(self, *rows: ClaimRow) -> None:
+        for row in rows:
+            self.rows[(row.claim, row.source)] = row
+
+    def missing(self) -> list[str]:
+        """The claims this notebook checks (``CLAIMS``) that have no row yet."""
+        have = {claim for claim, _ in self.rows}
+        return [cid for cid, c in CLAIMS.items() if c.notebook == self.notebook and cid not in have]
+
+    def write(self) -> pd.DataFrame:
+        """Write ``claims_<notebook>.csv``; refused while a claim of this notebook has no row (after a kernel
+        restart, say), so a partial table never replaces a whole one."""
+        if self.missing():
+            raise ValueError(f"claims {', '.join(self.missing())} have no row in this kernel yet: run their cells "
+                             "first (Run All)")
+        return write_claims(list(self.rows.values()), self.notebook, self.results_dir, self.context)
+
+
+_SHEETS: dict[tuple, ClaimSheet] = {}
+
+
+def claim_sheet(notebook: str, results_dir: Path, context: dict | None = None) -> ClaimSheet:
+    """The claim sheet of ``notebook`` writing to ``results_dir`` with ``context``: the same one every time in
+    this process, so running a notebook's set-up cell again keeps the rows its other cells added."""
+    context = dict(context or {})
+    key = (notebook, str(results_dir), tuple(sorted(context.items())))
+    return _SHEETS.setdefault(key, ClaimSheet(notebook, results_dir, context))
 
 
 # C21 lists other papers' published numbers: nothing here can measure them (docs/CLAIMS.md: cite only).

@@ -19,7 +19,22 @@ def verification_costs(target_seconds: dict, gammas) -> dict:
     missing = [k for k in [1, *(g + 1 for g in gammas)] if k not in target_seconds]
     if missing:
         raise ValueError(f"need the target's forward time for {missing} tokens, have {sorted(target_seconds)}")
-    return {g: target_seconds[g + 1] / target_seconds[1] for g in gammas}
+    relative = relative_to_one_token(target_seconds)
+    return {g: relative[g + 1] for g in gammas}
+
+
+def relative_to_one_token(target_seconds: dict) -> dict:
+    """{n: T(n tokens) / T(1 token)} from {tokens: median seconds}."""
+    return {n: seconds / target_seconds[1] for n, seconds in target_seconds.items()}
+
+
+def cost_by_tokens(target_model, tokens, repeats: int = 9, context_len: int = 64, clock=None) -> dict:
+    """v(n) = T(n tokens) / T(1 token) of ``target_model`` for each n of ``tokens`` and 1: the verification cost
+    of n tokens in one forward, a token tree of n - 1 nodes among them (``theory.v_at`` interpolates).
+    ``clock`` as in ``bench.forward_seconds``."""
+    seconds = forward_seconds(target_model, context_len=context_len, new_tokens=sorted({1, *tokens}),
+                              repeats=repeats, clock=clock)
+    return relative_to_one_token(seconds)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
 """What every notebook does first: check its parameters, decide smoke mode, and pick its output folder.
 
-``run = setup(smoke, target, draft, device, dtype)`` checks the pair's names, the device and the dtype before any
-work, and decides where the run writes:
+``run = setup(smoke, target, draft, device, dtype, run_name, publish=publish)`` checks the pair's names, the
+device and the dtype before any work, and decides where the run writes:
 
-- the embedded default run (the embedded pair in the CPU's "auto" dtype, full size) writes the shipped ``figures/``
-  and ``data/results/`` that the README and ``docs/RESULTS.md`` show;
-- any other run writes under ``out/runs/<run name>/`` (``figures/``, ``results/``), and a smoke run
-  (``smoke=True``, or ``SPECDEC_SMOKE=1``, which ``make test`` sets for nbval) under ``out/smoke/<run name>/``.
+- a run as JupyterLab or papermill starts it writes under ``out/runs/<run name>/`` (``figures/``,
+  ``results/``, ``drafts/``), and a smoke run (``smoke=True``, or ``SPECDEC_SMOKE=1``, which ``make test``
+  sets for nbval) under ``out/smoke/<run name>/``;
+- a publishing run (``publish=True``, or ``SPECDEC_PUBLISH=1``, which ``make reproduce`` sets) writes the
+  shipped ``figures/``, ``data/results/``, ``docs/`` and ``data/drafts/``: only the pair the repository
+  ships (the embedded target with its draft or its heads) on the CPU, never in smoke mode.
 
-The run name comes from the pair and the dtype unless ``run_name`` is given.
+The run name comes from the pair and the dtype unless ``run_name`` is given. Nothing here reads the machine
+until ``setup`` is called.
 """
 from __future__ import annotations
 
@@ -20,12 +23,14 @@ from pathlib import Path
 import torch
 
 from .. import paths
-from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_TARGET, auto_dtype, check_model_name, dtype_name, resolve_device,
-                           resolve_dtype)
+from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_TARGET, check_model_name, dtype_name,
+                           resolve_device, resolve_dtype)
 from ..drafts.loading import check_draft_name
 
 SMOKE_ENV = "SPECDEC_SMOKE"
-DEFAULT_DTYPE = auto_dtype(torch.device("cpu"))  # the dtype of the shipped results: the CPU's "auto"
+PUBLISH_ENV = "SPECDEC_PUBLISH"
+SHIPPED_HEADS_PREFIX = EMBEDDED_EAGLE.removesuffix("-eagle")  # 00_train_heads' name_prefix of the shipped heads
+SHIPPED_DRAFTS = (EMBEDDED_DRAFT, SHIPPED_HEADS_PREFIX)  # what a publishing run may name as its draft
 
 
 @dataclass(frozen=True)
@@ -33,10 +38,11 @@ class NotebookRun:
     root: Path  # the repository checkout
     smoke: bool  # small, fast settings for CI
     name: str  # the run's name: its folder under out/runs (or out/smoke)
-    default: bool  # the embedded default run: it writes the shipped figures and results
-    folder: Path  # where this run writes (executed notebooks go here too, except the default run's)
+    published: bool  # a publishing run: it writes the shipped figures, results, documents and checkpoints
+    folder: Path  # where this run writes (the repository itself for a publishing run)
     figures: Path  # where this run's figures go
     results: Path  # where this run's CSVs go
+    drafts: Path  # where this run's trained checkpoints go
     target: str
     draft: str
     device: torch.device
@@ -61,12 +67,64 @@ class NotebookRun:
         return str(path)
 
     def pick(self, full, smoke):
-        """``smoke`` in a smoke run, ``full`` otherwise."""
+        """``smoke`` in a smoke run, ``full`` otherwise (for settings that are not parameters: see ``scale``)."""
         return smoke if self.smoke else full
 
+    def scale(self, **parameters) -> tuple:
+        """The values in use of parameters a smoke run makes smaller, given as ``name=(value, smoke value)``, in
+        order; a smoke run prints each replacement beside the value the parameters cell shows."""
+        if self.smoke:
+            print("smoke replaces " + ", ".join(f"{name} = {value!r} by {small!r}"
+                                                for name, (value, small) in parameters.items()))
+        return tuple(small if self.smoke else value for value, small in parameters.values())
+
+    def where(self) -> str:
+        """Where this run writes, in words (``setup`` prints it)."""
+        if self.published:
+            return "writes the shipped files: figures/, data/results/, docs/, data/drafts/"
+        hint = " (publish = True: the shipped ones)" if is_shipped_pair(self.target, self.draft) and not self.smoke \
+            else ""
+        return f"writes to {self.shown(self.folder)}/ (results/, figures/){hint}"
+
+    def document(self, relative: str | Path) -> Path:
+        """Where this run writes a document the repository keeps at ``relative`` (``docs/RESULTS.md``): there
+        when publishing, else in its own folder."""
+        return self.root / relative if self.published else self.folder / Path(relative).name
+
+    def claim_sheet(self, notebook: str):
+        """The notebook's ``claims.ClaimSheet`` for this run: one row per check, the same sheet each time."""
+        from .claims import claim_sheet
+
+        return claim_sheet(notebook, self.results, self.context)
+
+    def checkpoints(self, names, retrain: bool) -> list[Path]:
+        """The folders of a training notebook's checkpoints, under ``drafts``, in the order of ``names``;
+        prints where they are and, when a publishing run retrains, which shipped checkpoints it replaces."""
+        folders = [self.drafts / name for name in names]
+        shown = ", ".join(self.shown(f) for f in folders)
+        if self.published and retrain:
+            print(f"publish = True, retrain = True: training replaces the shipped {shown}")
+        elif self.published:
+            print(f"{shown} as shipped: re-evaluated, model card rewritten")
+        else:
+            print(f"checkpoints: {shown}" + ("" if retrain else " (copies of the shipped ones)"))
+        return folders
+
+    def corpus(self, generates: bool) -> Path:
+        """The target-made text a training notebook reads (``data/target_text``). Generating more appends to
+        it, so only a publishing run may; a smoke run makes its own few records under its folder."""
+        if generates and self.smoke:
+            return self.folder / "target_text"
+        if generates and not self.published:
+            raise ValueError("corpus_budget > 0 appends to the shipped data/target_text: set publish = True, or "
+                             "generate with python -m specdec_lite.train.corpus")
+        return paths.corpus_dir()
+
     def title(self, text: str) -> str:
-        """A figure title that says which dtype (and, outside the default run, which pair) it was measured in."""
-        pair = "" if self.default else f", {short_name(self.target)} / {short_name(self.draft)}"
+        """A figure title that says which dtype (and, for a pair the repository does not ship, which pair) it
+        was measured in."""
+        pair = "" if is_shipped_pair(self.target, self.draft) else \
+            f", {short_name(self.target)} / {short_name(self.draft)}"
         return f"{text} ({self.dtype_name}{pair})"
 
     @property
@@ -91,10 +149,21 @@ def run_name_for(target: str, draft: str, dtype: torch.dtype) -> str:
     return f"{short_name(target)}--{short_name(draft)}--{dtype_name(dtype)}"
 
 
-def is_default_run(target: str, draft: str, device: torch.device, dtype: torch.dtype, run_name: str = "") -> bool:
-    """The embedded pair on the CPU in its "auto" dtype (``DEFAULT_DTYPE``), under no other name: the run behind the
-    shipped results."""
-    return (target, draft, device.type, dtype, run_name) == (EMBEDDED_TARGET, EMBEDDED_DRAFT, "cpu", DEFAULT_DTYPE, "")
+def is_shipped_pair(target: str, draft: str) -> bool:
+    """The embedded target with the draft (or the heads' name prefix) the repository ships for it."""
+    return target == EMBEDDED_TARGET and draft in SHIPPED_DRAFTS
+
+
+def check_publish(target: str, draft: str, device: torch.device, smoke: bool) -> None:
+    """A publishing run writes the shipped files: refused, before any work, for anything else than the shipped
+    pair on the CPU at full size."""
+    if smoke:
+        raise ValueError(f"publish = True writes the shipped results; a smoke run never does: unset {SMOKE_ENV} "
+                         "or set smoke = False")
+    if not is_shipped_pair(target, draft) or device.type != "cpu":
+        raise ValueError(f"publish = True writes the shipped results of {EMBEDDED_TARGET} with "
+                         f"{' or '.join(SHIPPED_DRAFTS)} on the CPU; this run ({target}, {draft}, {device}) "
+                         "writes under out/runs/: set publish = False")
 
 
 def check_parameters(target: str, draft: str, device: str, dtype: str,
@@ -112,36 +181,57 @@ def check_parameters(target: str, draft: str, device: str, dtype: str,
 @dataclass(frozen=True)
 class RunPlace:
     name: str  # the run's name
-    default: bool  # the embedded default run (full size): it writes the shipped figures and results
-    folder: Path  # the run's folder (the repository itself for the default run)
+    published: bool  # a publishing run: it writes the shipped figures, results, documents and checkpoints
+    folder: Path  # the run's folder (the repository itself for a publishing run)
     figures: Path
     results: Path
+    drafts: Path
 
 
 def place_run(target: str, draft: str, device: torch.device, dtype: torch.dtype, run_name: str = "",
-              smoke: bool = False) -> RunPlace:
-    """Where a run writes: the shipped folders for the embedded default run, else ``out/runs/<name>/`` (smoke:
-    ``out/smoke/<name>/``), the name from the pair and dtype unless ``run_name`` is given."""
+              smoke: bool = False, publish: bool = False) -> RunPlace:
+    """Where a run writes: the shipped folders for a publishing run (refused for any other pair, device or a
+    smoke run), else ``out/runs/<name>/`` (smoke: ``out/smoke/<name>/``), the name from the pair and dtype
+    unless ``run_name`` is given."""
     root = paths.repo_root()
     name = run_name or run_name_for(target, draft, dtype)
-    if not smoke and is_default_run(target, draft, device, dtype, run_name):
-        return RunPlace(name, True, root, paths.figures_dir(), paths.results_dir())
+    if publish:
+        check_publish(target, draft, device, smoke)
+        return RunPlace(name, True, root, paths.figures_dir(), paths.results_dir(), paths.drafts_dir())
     folder = root / "out" / ("smoke" if smoke else "runs") / name
-    return RunPlace(name, False, folder, folder / "figures", folder / "results")
+    return RunPlace(name, False, folder, folder / "figures", folder / "results", folder / "drafts")
+
+
+def switched_on(value: bool, env: str) -> tuple[bool, str]:
+    """A flag parameter, switched on by its parameter or by ``env=1``; and how it was, for the printed line."""
+    if os.environ.get(env) == "1" and not value:
+        return True, f"True ({env}=1)"
+    return bool(value), str(bool(value))
+
+
+def quiet_model_loading() -> None:
+    """No progress bars while models load: in JupyterLab they are widgets, which a saved notebook shows as
+    'Loading weights: 0%' placeholders. The package's own bars are plain text (``specdec_lite.show``)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
 
 
 def setup(smoke: bool = False, target: str = EMBEDDED_TARGET, draft: str = EMBEDDED_DRAFT, device: str = "cpu",
-          dtype: str = "auto", run_name: str = "", check_draft: bool = True) -> NotebookRun:
-    """Check the notebook's parameters (names, device, dtype: a clear error before any work), then create and
-    return its output folders. ``check_draft=False`` for notebooks whose ``draft`` is a name to write."""
-    smoke = bool(smoke) or os.environ.get(SMOKE_ENV) == "1"
+          dtype: str = "auto", run_name: str = "", check_draft: bool = True, publish: bool = False) -> NotebookRun:
+    """Check the notebook's parameters (names, device, dtype, publishing: a clear error before any work), then
+    create and return its output folders, printing where they are. ``check_draft=False`` for notebooks whose
+    ``draft`` is a name to write."""
+    smoke, smoke_shown = switched_on(smoke, SMOKE_ENV)
+    publish, publish_shown = switched_on(publish, PUBLISH_ENV)
     device, dtype = check_parameters(target, draft, device, dtype, check_draft)
-    place = place_run(target, draft, device, dtype, run_name, smoke)
-    run = NotebookRun(root=paths.repo_root(), smoke=smoke, name=place.name, default=place.default,
-                      folder=place.folder, figures=place.figures, results=place.results, target=target, draft=draft,
-                      device=device, dtype=dtype)
+    place = place_run(target, draft, device, dtype, run_name, smoke, publish)
+    run = NotebookRun(root=paths.repo_root(), smoke=smoke, name=place.name, published=place.published,
+                      folder=place.folder, figures=place.figures, results=place.results, drafts=place.drafts,
+                      target=target, draft=draft, device=device, dtype=dtype)
     run.figures.mkdir(parents=True, exist_ok=True)
     run.results.mkdir(parents=True, exist_ok=True)
-    print(f"smoke: {smoke} | {run.dtype_name} on {device.type} | writes to {run.shown(run.results)} and "
-          f"{run.shown(run.figures)}")
+    quiet_model_loading()
+    print(f"smoke: {smoke_shown} | publish: {publish_shown} | {run.dtype_name} on {device.type}")
+    print(run.where())
     return run
