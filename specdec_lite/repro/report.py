@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .. import paths
+from ..core.models import cpuinfo
 from ..show import to_markdown
 from . import claims as claims_mod
 from . import theory
@@ -71,14 +72,7 @@ def environment() -> dict:
     import torch
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = (cpuinfo("model name") or [platform.processor() or platform.machine()])[0]
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version()}
 
