@@ -288,31 +288,82 @@ def test_t1_sampled_tree_through_a_tiny_llama_tree_forward():
 EAGLE_TREES = {
     "drawn EAGLE tree": lambda head: EagleTreeDraft(head, width=2, draw=True),
     "dynamic tree": lambda head: DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2),
+    "chosen adaptive EAGLE tree": lambda head: EagleTreeDraft(head, width=2,
+                                                               adaptive=AdaptiveLength(threshold=0.5, step=0.0)),
 }
+EAGLE_PROMPT = [0, 2]
 
 
+def eagle_tree(kind, target):
+    """A fresh ``kind`` of EAGLE tree on a random EAGLE-3-style head for ``target`` (the same head every time)."""
+    from test_heads import random_head_draft
+
+    return EAGLE_TREES[kind](random_head_draft(target, "eagle3", seed=3))
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["T1", "T0.7-topk-topp", "greedy"])
 @pytest.mark.parametrize("kind", EAGLE_TREES)
+def test_exact_law_of_eagle_trees(kind, sampling):
+    """Every tree the head can propose (``tree_law``: every draw, from the head's cache-free reference; the one
+    tree of a choosing drafter, from the live drafter primed as the loop leaves it) and every verifier outcome,
+    round after round: the law of the first 3 tokens is the target's to 1e-9 (float64 tiny Llama target)."""
+    target = tiny_llama(vocab=3, layers=2, seed=11).double()
+    want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
+    got = exact_speculative_distribution(target, eagle_tree(kind, target), EAGLE_PROMPT, gamma=2, n=3,
+                                         sampling=sampling)
+    assert abs(sum(got.values()) - 1) < 1e-9
+    assert max_abs_difference(got, want) < 1e-9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["drawn EAGLE tree", "dynamic tree"])
 def test_t1_eagle_trees_keep_the_target_law(kind):
     """The EAGLE head's trees at T = 1, gamma 2, on a tiny Llama (its tree forward: mask and positions) with a
     random EAGLE-3-style head: the chain and its siblings drawn from q (width 2), or EAGLE-2's dynamic tree (chosen
     candidates). The first round is the prefill, so the first three tokens are where the tree acts. n = 3,000 runs
     of the real loop; chi-square of the first three tokens (27 cells) against the target's exact law at level
-    1e-3. The same test, run on the loop with the residual left out of the verifier, rejects it (its power is not
-    computed: the head's trees are not enumerated)."""
-    from test_heads import random_head_draft
-
+    1e-3. Against the loop with the residual left out of the verifier the test's power, from that loop's law by
+    enumeration, is > 0.99, and it rejects that loop run."""
     target = tiny_llama(vocab=3, layers=2, seed=11)
-    prompt, sampling, n = [0, 2], sd.SamplingParams(temperature=1.0), 3000
-    want = exact_target_distribution(target, prompt, 3, sampling)
+    sampling, n = sd.SamplingParams(temperature=1.0), 3000
+    want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
+    broken_verifier = TREE_MUTANTS["residual not updated between siblings"]
+    broken = exact_speculative_distribution(target, eagle_tree(kind, target), EAGLE_PROMPT, gamma=2, n=3,
+                                            sampling=sampling, verifier=broken_verifier)
+    assert chi_square_power(want, broken, n, level=1e-3) > 0.99
 
     def first_three(verifier, seed0):
-        drafter = EAGLE_TREES[kind](random_head_draft(target, "eagle3", seed=3))
-        return np.array([sd.speculative_generate(target, drafter, torch.tensor(prompt), gamma=2, max_new_tokens=3,
-                                                 sampling=sampling, seed=s, verifier=verifier).tokens.tolist()
+        drafter = eagle_tree(kind, target)
+        return np.array([sd.speculative_generate(target, drafter, torch.tensor(EAGLE_PROMPT), gamma=2,
+                                                 max_new_tokens=3, sampling=sampling, seed=s,
+                                                 verifier=verifier).tokens.tolist()
                          for s in range(seed0, seed0 + n)])
 
     assert chi_square_pvalue(first_three(EXACT, 0), want) > 1e-3
-    assert chi_square_pvalue(first_three(TREE_MUTANTS["residual not updated between siblings"], n), want) < 1e-3
+    assert chi_square_pvalue(first_three(broken_verifier, n), want) < 1e-3
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["T1", "greedy"])
+def test_tree_law_is_what_the_live_drafter_draws(temperature):
+    """The enumerated trees are the live drafter's: 200 trees the drawn EAGLE tree proposes (its caches primed
+    as the loop leaves them after a 4-token context) are each among ``tree_law``'s trees, with the same q at
+    every node to 1e-5, and the law's probabilities sum to 1; greedy, the one tree is the live one."""
+    target = tiny_llama(vocab=3, layers=2, seed=11)
+    sampling, context = sd.SamplingParams(temperature=temperature), torch.tensor([[0, 2, 1, 2]])
+    drafter = eagle_tree("drawn EAGLE tree", target)
+    law = {(tuple(t.tokens.tolist()), tuple(t.parents.tolist())): t
+           for t, _ in drafter.tree_law(context[0], 2, sampling)}
+    assert abs(sum(pr for _, pr in drafter.tree_law(context[0], 2, sampling)) - 1) < 1e-12
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200 if temperature else 1):
+        _observed(target, drafter, context)
+        live = drafter.propose_tree(context, torch.tensor([4]), 2, sampling, generator)
+        assert live.size == 1 + 2 + 2  # two candidates at each of the two depths
+        enumerated = law[(tuple(live.tokens.tolist()), tuple(live.parents.tolist()))]
+        assert torch.equal(live.drawn, enumerated.drawn)
+        if temperature:
+            assert torch.allclose(live.q[1:].double(), enumerated.q[1:], atol=1e-5)
+    assert len(law) == (81 if temperature else 1)
 
 
 def test_drawn_candidates_are_drawn():
@@ -357,7 +408,7 @@ def _observed(target, eagle, prompt):
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_dynamic_tree_expansions_are_the_chains_of_their_paths(kind):
     """Each expanded node's children in the dynamic tree are the head's top tokens after the node's path as a
-    cache-free chain computes it (``_reference_logits``): the head's tree attention and positions are right. A
+    cache-free chain computes it (``reference_logits``): the head's tree attention and positions are right. A
     flat verification cost keeps every candidate; greedy output is the target's own."""
     from test_heads import random_head_draft
 
@@ -372,7 +423,7 @@ def test_dynamic_tree_expansions_are_the_chains_of_their_paths(kind):
     assert len(expanded) == 1 + 3 * 3
     for u in expanded:
         path = [int(tree.tokens[i]) for i in tree.path_to(u)]
-        logits = eagle._reference_logits(prompt[0], torch.tensor([path + [0]]))[0, len(path)]
+        logits = eagle.reference_logits(prompt[0], torch.tensor([path + [0]]))[0, len(path)]
         want = set(logits.topk(3).indices.tolist())
         assert {int(tree.tokens[c]) for c in tree.children(u)} == want, path
     base = sd.autoregressive_generate(target, prompt, max_new_tokens=40, sampling=greedy).tokens

@@ -332,7 +332,7 @@ class FeatureDraft(Drafter):
         if sampling.repetition_penalty != 1.0:
             seq = context[None].expand(N, -1)
             seen = seen_mask(seq, torch.full((N,), len(context), device=device), proposals, self.vocab_size)
-        logits = self._reference_logits(context, proposals)  # (N, g, V)
+        logits = self.reference_logits(context, proposals)  # (N, g, V)
         return probs_from_logits(logits, sampling, None if seen is None else seen[:, :g])
 
     def context_features(self, context: torch.Tensor, n: int) -> torch.Tensor:
@@ -383,10 +383,12 @@ class EagleDraft(FeatureDraft):
         self.real_length = L - 1
         return predicted
 
-    def _reference_logits(self, context, proposals):
+    def reference_logits(self, context, proposals):
+        """The head's logits (N, g, V) before each token of ``proposals`` (N, g) in a round from ``context``
+        (1-D), computed from scratch: no cache, every step recomputes the whole sequence."""
         features, logits = self.context_features(context, len(proposals)), []
         tokens = context[None, 1:].expand(len(proposals), -1)
-        for i in range(proposals.shape[1]):  # no cache: every step recomputes the whole sequence
+        for i in range(proposals.shape[1]):
             positions = torch.arange(features.shape[1], device=context.device)
             predicted = self.head(features, self.embed(tokens), positions)
             logits.append(self.output.logits(predicted[:, -1]))
@@ -419,7 +421,8 @@ class MedusaDraft(FeatureDraft):
     def proposal_length(self, gamma: int) -> int:
         return min(gamma, self.cfg.num_heads)
 
-    def _reference_logits(self, context, proposals):
+    def reference_logits(self, context, proposals):
+        """The heads' logits (N, g, V) for the g proposals of a round from ``context`` (1-D), from scratch."""
         feature = self.context_features(context, len(proposals))[:, -1]
         return self.output.logits(self.head(feature))[:, : proposals.shape[1]]
 

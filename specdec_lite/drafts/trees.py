@@ -109,18 +109,53 @@ class EagleTreeDraft(Drafter):
                 predicted = self.eagle.head(predicted[:, -1:], embedded, pos, self.eagle.cache)
         self._proposed = chain
 
+    def draws(self, sampling: SamplingParams) -> bool:
+        """Whether the candidates are drawn from q (``draw`` at T > 0) rather than chosen."""
+        return self.draw and not sampling.greedy
+
     def candidates(self, builder: TreeBuilder, parent: int, logits, sampling: SamplingParams,
                    generator) -> tuple[int, int]:
         """Add ``width`` children under ``parent``: at T > 0 (with ``draw``) drawn i.i.d. from the head's q,
         else its most likely tokens, chosen. Returns the first one's (node, token)."""
         q = None
-        if self.draw and not sampling.greedy:
+        if self.draws(sampling):
             q = probs_from_logits(logits, sampling)
             tokens = torch.multinomial(q.float(), self.width, replacement=True, generator=generator).tolist()
         else:
             tokens = logits.topk(self.width).indices.tolist()
         nodes = [builder.add(parent, token, q) for token in tokens]
         return nodes[0], tokens[0]
+
+    def candidate_law(self, logits, sampling: SamplingParams):
+        """Every (tokens, q, probability) ``candidates`` can add from ``logits``: each ``width``-tuple that q can
+        draw, or the one tuple of most likely tokens (q None, probability 1)."""
+        if not self.draws(sampling):
+            return [(logits.topk(self.width).indices.tolist(), None, 1.0)]
+        q = probs_from_logits(logits.double(), sampling)
+        support = q.nonzero().flatten().tolist()
+        return [(list(tokens), q, float(torch.prod(q[list(tokens)])))
+                for tokens in itertools.product(support, repeat=self.width)]
+
+    @torch.inference_mode()
+    def tree_law(self, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+        """Every tree ``propose_tree`` can return in a round from ``context`` (1-D, after the target's prefill),
+        with its probability, for exact enumeration: the head's logits along each chain come from the cache-free
+        ``reference_logits`` (the tests hold the live caches to it); the adaptive threshold as it stands."""
+        law = []
+
+        def grow(builder: TreeBuilder, parent: int, chain: list, prob: float):
+            if len(chain) == gamma:
+                return law.append((builder.build(), prob))
+            logits = self.eagle.reference_logits(context, torch.tensor([chain + [0]]))[0, len(chain)]
+            if stops_here(self.adaptive, logits[None], sampling):
+                return law.append((builder.build(), prob))
+            for tokens, q, pr in self.candidate_law(logits, sampling):
+                branch = builder.copy()
+                first = [branch.add(parent, token, q) for token in tokens][0]
+                grow(branch, first, chain + tokens[:1], prob * pr)
+
+        grow(TreeBuilder(int(context[-1])), 0, [], 1.0)
+        return law
 
     @torch.inference_mode()
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:

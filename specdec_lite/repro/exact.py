@@ -5,8 +5,10 @@ verifier outcome, round after round) and returns the exact probability of each p
 n emitted tokens. It uses the loop's own pieces: the model wrappers, ``probs_from_logits`` and the exact laws of
 the loop's ``Verifier`` (built from the same acceptance and residual functions its samplers use).
 ``exact_target_distribution`` gives the target's own law of the first n tokens. Equal laws = lossless (C1).
-Feature-level drafts (``heads.py``) are enumerated through their cache-free ``reference_distributions``; the
-tests hold the live drafter to that reference.
+Feature-level drafts (``heads.py``) are enumerated through their cache-free ``reference_distributions``, and the
+EAGLE head's drawn trees through ``tree_law`` (built on the same reference); a tree drafter that chooses its nodes
+is primed with the target's features, as the loop leaves it, and asked for its one tree. The tests hold the live
+drafters to these references.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ..core.decode import EXACT, Verifier
 from ..core.drafter import Drafter, ModelDraft, stops_here
 from ..core.lm import as_language_model
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
+from ..core.tree import TreeBuilder
 
 
 def _probs_after(lm, contexts: torch.Tensor, n_positions: int, sampling: SamplingParams) -> torch.Tensor:
@@ -56,14 +59,35 @@ def _node_probs(target_lm, context: torch.Tensor, tree, sampling: SamplingParams
     return torch.stack(rows)
 
 
-def _tree_round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams,
-                         verifier: Verifier):
-    """Every (emitted tokens, probability) of one token-tree round: over the trees the drafter can propose
-    (``tree_law`` for sampled trees; the one tree of a deterministic drafter) and the verifier's outcomes."""
+def _primed(target_lm, draft, context: torch.Tensor):
+    """A feature-level drafter as the loop leaves it before a round from ``context``: the target has run over all
+    of it but its newest token, and the drafter has seen those features."""
+    target_lm.reset(1)
+    _, hidden = target_lm.feed(context[None, :-1], hidden_layers=draft.feature_layers)
+    draft.begin(context[None])
+    draft.observe(hidden, 0)
+    return draft
+
+
+def _proposed_trees(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams,
+                    first_round: bool) -> list:
+    """[(tree, probability)] a tree drafter can propose in a round from ``context``: the bare root in a feature
+    drafter's first round (the prefill), ``tree_law`` for drafters that draw, else the one tree it proposes."""
+    features = getattr(draft, "uses_target_features", False)
+    if first_round and features:
+        return [(TreeBuilder(int(context[-1])).build(), 1.0)]
     if hasattr(draft, "tree_law"):
-        trees = draft.tree_law(context, gamma, sampling)
-    else:
-        trees = [(draft.propose_tree(context[None], torch.tensor([len(context)]), gamma, sampling, None), 1.0)]
+        return draft.tree_law(context, gamma, sampling)
+    if features:
+        draft = _primed(target_lm, draft, context)
+    return [(draft.propose_tree(context[None], torch.tensor([len(context)]), gamma, sampling, None), 1.0)]
+
+
+def _tree_round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, sampling: SamplingParams,
+                         first_round: bool, verifier: Verifier):
+    """Every (emitted tokens, probability) of one token-tree round: over the trees the drafter can propose and
+    the verifier's outcomes."""
+    trees = _proposed_trees(target_lm, draft, context, gamma, sampling, first_round)
     out = defaultdict(float)
     for tree, weight in trees:
         for tokens, pr in verifier.tree_law(tree, _node_probs(target_lm, context, tree, sampling)).items():
@@ -108,7 +132,7 @@ def _round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, samplin
     """Every (emitted tokens, probability) of one round from ``context`` (1-D)."""
     V = target_lm.vocab_size
     if getattr(draft, "proposes_trees", False):
-        return _tree_round_outcomes(target_lm, draft, context, gamma, sampling, verifier)
+        return _tree_round_outcomes(target_lm, draft, context, gamma, sampling, first_round, verifier)
     if isinstance(draft, ModelDraft) and draft.adaptive is not None:
         return _adaptive_round_outcomes(target_lm, draft, context, gamma, sampling, verifier)
     if getattr(draft, "uses_target_features", False):  # heads.py: q from a cache-free reference computation
