@@ -196,3 +196,5 @@ def test_tree_formula_adds_each_nodes_path_probability():
         theory.expected_tokens_tree([0, 0.5], [-1, 1])
     assert theory.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 7) == pytest.approx(1.2)
     assert theory.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 13) == pytest.approx(1.5)
+    # a noisy last measurement below the one before it: flat past it, never down to a negative cost
+    assert theory.v_at({1: 1.0, 3: 0.6}, 9) == pytest.approx(0.6)
