@@ -177,7 +177,7 @@ def build_app(engine: Engine):
         if problem:
             return error_response(*problem)
         cancelled = threading.Event()
-        settings = (body["messages"], int(body.get("max_completion_tokens") or body.get("max_tokens") or 256),
+        settings = (body["messages"], max_tokens_of(body),
                     float(body.get("temperature", 1.0)), float(body.get("top_p", 1.0)), int(body.get("seed") or 0))
         loop = asyncio.get_running_loop()
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -222,6 +222,14 @@ async def stream(engine: Engine, settings: tuple, request_id: str, include_usage
         cancelled.set()  # a client that went away stops its generation after the current round
 
 
+def max_tokens_of(body: dict, default: int = 256):
+    """The request's token limit: ``max_completion_tokens``, else ``max_tokens``, else ``default``."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        if body.get(key) is not None:
+            return body[key]
+    return default
+
+
 def check_body(body, served: str) -> tuple[int, str] | None:
     """(status, message) for a request this server cannot run, else None."""
     if not isinstance(body, dict):
@@ -233,7 +241,7 @@ def check_body(body, served: str) -> tuple[int, str] | None:
             isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
             for m in messages):
         return 400, "\"messages\" must be a non-empty list of {\"role\": ..., \"content\": \"text\"}"
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 256
+    max_tokens = max_tokens_of(body)
     if not isinstance(max_tokens, int) or max_tokens < 1:
         return 400, f"max_tokens must be an integer >= 1, got {max_tokens!r}"
     if body.get("n", 1) != 1:

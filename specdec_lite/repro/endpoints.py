@@ -3,7 +3,7 @@ two or more endpoints (plain and speculative), per-task latency, acceptance and 
 
     endpoints = [Endpoint("plain", "http://127.0.0.1:8001/v1", "smollm2-135m-instruct"),
                  Endpoint("speculative", "http://127.0.0.1:8000/v1", "smollm2-135m-instruct")]
-    records = measure(endpoints, prompts, Settings(max_tokens=200, temperature=0, concurrency=1))
+    records = benchmark(endpoints, prompts, Settings(max_tokens=200, temperature=0, concurrency=1), "runs.csv")
     table = per_task(records)                        # medians per endpoint and task, speedup over the baseline
 
 Per request (streamed, ``stream_options={"include_usage": True}``): time to first token, end-to-end latency,
@@ -234,6 +234,15 @@ def measure(endpoints: list[Endpoint], prompts: list[dict], settings: Settings =
     return asyncio.run(measure_async(endpoints, prompts, settings, warmup))
 
 
+def benchmark(endpoints: list[Endpoint], prompts: list[dict], settings: Settings, path: str | Path,
+              warmup: bool = True) -> pd.DataFrame:
+    """``measure``, then ``save`` the per-request records at ``path``: nothing is written unless every request
+    succeeded."""
+    records = measure(endpoints, prompts, settings, warmup)
+    save(records, path)
+    return records
+
+
 def per_task(records: pd.DataFrame) -> pd.DataFrame:
     """Medians per endpoint, task, concurrency and max_tokens, and each endpoint's speedup over its baseline:
     the baseline's median end-to-end latency over the endpoint's (the article's measure; at temperature 0 both
@@ -249,6 +258,25 @@ def per_task(records: pd.DataFrame) -> pd.DataFrame:
     baseline_latency = [base.get((b, t, c, m), float("nan")) for b, t, c, m in
                         zip(table.baseline, table.task, table.concurrency, table.max_tokens)]
     return table.assign(speedup=pd.Series(baseline_latency, index=table.index) / table.latency_s)
+
+
+def median_speedup(table: pd.DataFrame, endpoint: str, by: str) -> pd.DataFrame:
+    """``endpoint``'s median over tasks of its per-task speedups (``per_task``), for each value of ``by``
+    (``"max_tokens"`` or ``"concurrency"``): columns ``by``, speedup, baseline, in increasing ``by``."""
+    rows = table[table.endpoint == endpoint]
+    return rows.groupby(by).agg(speedup=("speedup", "median"), baseline=("baseline", "first")).reset_index()
+
+
+def at_least_per_task(prompts: list[dict], n: int) -> list[dict]:
+    """Each task's prompts, repeated in turn until the task has at least ``n`` requests (ids made unique), so
+    that a concurrency of ``n`` really has ``n`` requests in flight."""
+    out = []
+    for task in dict.fromkeys(p["task"] for p in prompts):
+        chosen = [p for p in prompts if p["task"] == task]
+        count = max(n, len(chosen))
+        out += [dict(chosen[i % len(chosen)], id=f"{chosen[i % len(chosen)]['id']}#{i // len(chosen)}")
+                if i >= len(chosen) else chosen[i] for i in range(count)]
+    return out
 
 
 def save(frame: pd.DataFrame, path: str | Path) -> Path:
@@ -268,10 +296,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def local_server_command(port: int, target: str, draft: str, dtype: str = "auto", gamma: int = 4) -> list[str]:
+def local_server_command(port: int, target: str, draft: str, dtype: str = "auto", gamma: int = 4,
+                         device: str = "cpu") -> list[str]:
     """This package's server (``python -m specdec_lite.serve``); ``draft`` "none" for plain decoding."""
     return [sys.executable, "-m", "specdec_lite.serve", "--target", target, "--draft", draft, "--dtype", dtype,
-            "--gamma", str(gamma), "--port", str(port)]
+            "--gamma", str(gamma), "--device", device, "--port", str(port)]
 
 
 def llama_cpp_server_command(port: int, gguf: str | Path, model: str, lookup_tokens: int = 0,
@@ -337,3 +366,60 @@ def log_tail(path: Path, lines: int = 15) -> str:
 def records_frame(endpoints: list[Endpoint]) -> pd.DataFrame:
     """The endpoints as a table (name, base_url, model, baseline), for the notebook to show."""
     return pd.DataFrame([asdict(e) for e in endpoints]).drop(columns="api_key_env")
+
+
+LOCAL_PLAIN, LOCAL_SPECULATIVE = "local plain", "local speculative"
+LLAMA_PLAIN, LLAMA_LOOKUP = "llama.cpp plain", "llama.cpp prompt lookup"
+
+
+@contextmanager
+def local_endpoints(target: str, draft: str = "auto", dtype: str = "auto", device: str = "cpu", gamma: int = 4,
+                    lookup_tokens: int = 4, wait_s: float = 300.0):
+    """Start this package's server plain and speculative (``draft``), and, with ``lookup_tokens`` > 0, llama.cpp's
+    server plain and with prompt lookup on the embedded target's GGUF, each on a free port; yield their
+    ``Endpoint``s (each speculative one's baseline is the plain server of its kind); stop them all."""
+    import tempfile
+
+    from ..core.models import EMBEDDED_TARGET, embedded_gguf_path
+
+    if lookup_tokens and target != EMBEDDED_TARGET:
+        raise ValueError(f"llama.cpp's servers load a GGUF file, which only the embedded target ({EMBEDDED_TARGET}) "
+                         "ships here: set lookup_tokens = 0, or start them yourself and pass their endpoints")
+    plan = [(LOCAL_PLAIN, LOCAL_PLAIN, lambda port: local_server_command(port, target, "none", dtype, gamma, device)),
+            (f"{LOCAL_SPECULATIVE} ({draft})", LOCAL_PLAIN,
+             lambda port: local_server_command(port, target, draft, dtype, gamma, device))]
+    if lookup_tokens:
+        gguf = embedded_gguf_path()
+        plan += [(LLAMA_PLAIN, LLAMA_PLAIN, lambda port: llama_cpp_server_command(port, gguf, target)),
+                 (LLAMA_LOOKUP, LLAMA_PLAIN,
+                  lambda port: llama_cpp_server_command(port, gguf, target, lookup_tokens))]
+    from contextlib import ExitStack
+
+    with tempfile.TemporaryDirectory() as logs, ExitStack() as running:
+        started = []
+        for i, (name, baseline, command) in enumerate(plan):
+            port = free_port()
+            running.enter_context(serving(command(port), port, wait_s, Path(logs) / f"server{i}.log"))
+            started.append(Endpoint(name, f"http://127.0.0.1:{port}/v1", target, baseline))
+        yield started
+
+
+def endpoints_from(entries: list, api_key_env: str = "OPENAI_API_KEY") -> list[Endpoint]:
+    """Endpoints from a notebook parameter: a list of {"name", "base_url", "model"} mappings, optionally with
+    "baseline"; refused, saying the format, when an entry is not one."""
+    keys, required = {"name", "base_url", "model", "baseline"}, {"name", "base_url", "model"}
+    out = []
+    for i, entry in enumerate(entries, 1):
+        if not isinstance(entry, dict) or not required <= set(entry) or set(entry) - keys:
+            raise ValueError(f"endpoint {i} ({entry!r}) must be a mapping with keys name, base_url (ending in /v1) "
+                             "and model, and optionally baseline (another endpoint's name)")
+        out.append(Endpoint(**{k: str(v) for k, v in entry.items()}, api_key_env=api_key_env))
+    return out
+
+
+def speculative_endpoint(table: pd.DataFrame) -> str:
+    """The endpoint the claims are checked on: the first that is not its own baseline and reports acceptance,
+    else the first that is not its own baseline."""
+    compared = table[table.endpoint != table.baseline]
+    counted = compared[compared.acceptance.notna()]
+    return (counted if len(counted) else compared).endpoint.iloc[0]
