@@ -258,17 +258,21 @@ def main(argv=None):
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (a tree's depth)")
     parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'cuda:N' or 'auto'")
     parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    parser.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: torch's default)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default="", help="the model's name in the API (default: --target)")
     args = parser.parse_args(argv)
-    if args.gamma < 1:
-        parser.error(f"--gamma must be >= 1, got {args.gamma}")
+    if args.gamma < 1 or args.threads < 0:
+        parser.error(f"--gamma must be >= 1 and --threads >= 0, got {args.gamma} and {args.threads}")
     from .repro.notebook import check_parameters
 
     check_parameters(args.target, args.draft, args.device, args.dtype, check_draft=args.draft != PLAIN)
+    import torch
     import uvicorn
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     engine = Engine(args.target, args.draft, args.device, args.dtype, args.gamma,
                     args.served_model_name or args.target)
     # uvicorn handles SIGTERM and SIGINT: no new requests, the lifespan's shutdown stops the generation

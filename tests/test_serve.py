@@ -32,3 +32,17 @@ def test_requests_the_server_cannot_run_are_refused_saying_what_to_do():
     assert "max_tokens" in check_body(dict(good, max_tokens=0), "m")[1]
     assert "n = 1" in check_body(dict(good, n=2), "m")[1]
     assert check_body(["not", "a", "dict"], "m")[0] == 400
+
+
+def test_the_harness_runs_its_requests_inside_a_running_event_loop_too():
+    import asyncio
+
+    from specdec_lite.repro.endpoints import run_coroutine
+
+    async def answer():
+        return 42
+
+    async def from_a_notebook():  # a Jupyter kernel's cell runs while an event loop runs
+        return run_coroutine(answer())
+
+    assert run_coroutine(answer()) == 42 and asyncio.run(from_a_notebook()) == 42

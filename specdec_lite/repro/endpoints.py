@@ -197,6 +197,15 @@ async def measure_async(endpoints: list[Endpoint], prompts: list[dict], settings
     for endpoint in endpoints:
         await check_endpoint(endpoint, settings.timeout_s)
     clients = {e.name: client_for(e, settings) for e in endpoints}
+    try:
+        return await measure_with(clients, endpoints, prompts, settings, warmup)
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+async def measure_with(clients: dict, endpoints: list[Endpoint], prompts: list[dict], settings: Settings,
+                       warmup: bool) -> pd.DataFrame:
     if warmup:  # one short request each, not recorded: lazy loading and first-call costs stay out
         for e in endpoints:
             await stream_one(clients[e.name], e, {**prompts[0], "max_tokens": 4}, settings)
@@ -231,7 +240,19 @@ def measure(endpoints: list[Endpoint], prompts: list[dict], settings: Settings =
     """One row per request (every endpoint, every prompt), after every request succeeded; the task's acceptance
     from the server's counters on each row (nan without them). Raises ``EndpointError`` otherwise."""
     check_run(endpoints, prompts, settings)
-    return asyncio.run(measure_async(endpoints, prompts, settings, warmup))
+    return run_coroutine(measure_async(endpoints, prompts, settings, warmup))
+
+
+def run_coroutine(coroutine):
+    """``asyncio.run``, also where an event loop already runs (a Jupyter kernel): then on a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        return thread.submit(asyncio.run, coroutine).result()
 
 
 def benchmark(endpoints: list[Endpoint], prompts: list[dict], settings: Settings, path: str | Path,
@@ -297,10 +318,12 @@ def free_port() -> int:
 
 
 def local_server_command(port: int, target: str, draft: str, dtype: str = "auto", gamma: int = 4,
-                         device: str = "cpu") -> list[str]:
-    """This package's server (``python -m specdec_lite.serve``); ``draft`` "none" for plain decoding."""
+                         device: str = "cpu", threads: int = 1) -> list[str]:
+    """This package's server (``python -m specdec_lite.serve``); ``draft`` "none" for plain decoding. One CPU
+    thread by default: on a 2-core machine shared with other work, torch's two threads stalled some kernels 100
+    times over (a one-token bfloat16 product 7.8 ms against 61 us on one thread); 0 keeps torch's default."""
     return [sys.executable, "-m", "specdec_lite.serve", "--target", target, "--draft", draft, "--dtype", dtype,
-            "--gamma", str(gamma), "--device", device, "--port", str(port)]
+            "--gamma", str(gamma), "--device", device, "--threads", str(threads), "--port", str(port)]
 
 
 def llama_cpp_server_command(port: int, gguf: str | Path, model: str, lookup_tokens: int = 0,
@@ -375,10 +398,11 @@ LLAMA_PLAIN, LLAMA_LOOKUP = "llama.cpp plain", "llama.cpp prompt lookup"
 
 @contextmanager
 def local_endpoints(target: str, draft: str = "auto", dtype: str = "auto", device: str = "cpu", gamma: int = 4,
-                    lookup_tokens: int = 4, wait_s: float = 300.0):
+                    lookup_tokens: int = 4, wait_s: float = 300.0, threads: int = 1):
     """Start this package's server plain and speculative (``draft``), and, with ``lookup_tokens`` > 0, llama.cpp's
     server plain and with prompt lookup on the embedded target's GGUF, each on a free port; yield their
-    ``Endpoint``s (each speculative one's baseline is the plain server of its kind); stop them all."""
+    ``Endpoint``s (each speculative one's baseline is the plain server of its kind); stop them all. ``threads``:
+    each server's CPU threads (see ``local_server_command``)."""
     import tempfile
 
     from ..core.models import EMBEDDED_TARGET, embedded_gguf_path
@@ -386,14 +410,15 @@ def local_endpoints(target: str, draft: str = "auto", dtype: str = "auto", devic
     if lookup_tokens and target != EMBEDDED_TARGET:
         raise ValueError(f"llama.cpp's servers load a GGUF file, which only the embedded target ({EMBEDDED_TARGET}) "
                          "ships here: set lookup_tokens = 0, or start them yourself and pass their endpoints")
-    plan = [(LOCAL_PLAIN, LOCAL_PLAIN, lambda port: local_server_command(port, target, "none", dtype, gamma, device)),
+    plan = [(LOCAL_PLAIN, LOCAL_PLAIN, lambda port: local_server_command(port, target, "none", dtype, gamma, device,
+                                                                                   threads)),
             (f"{LOCAL_SPECULATIVE} ({draft})", LOCAL_PLAIN,
-             lambda port: local_server_command(port, target, draft, dtype, gamma, device))]
+             lambda port: local_server_command(port, target, draft, dtype, gamma, device, threads))]
     if lookup_tokens:
         gguf = embedded_gguf_path()
-        plan += [(LLAMA_PLAIN, LLAMA_PLAIN, lambda port: llama_cpp_server_command(port, gguf, target)),
+        plan += [(LLAMA_PLAIN, LLAMA_PLAIN, lambda port: llama_cpp_server_command(port, gguf, target, 0, threads)),
                  (LLAMA_LOOKUP, LLAMA_PLAIN,
-                  lambda port: llama_cpp_server_command(port, gguf, target, lookup_tokens))]
+                  lambda port: llama_cpp_server_command(port, gguf, target, lookup_tokens, threads))]
     from contextlib import ExitStack
 
     with tempfile.TemporaryDirectory() as logs, ExitStack() as running:
