@@ -59,6 +59,11 @@ FIGURES = [
            REAL_MODELS),
     Figure("cost_model.png", "03_task_acceptance", "the cost model's predicted speedup (E[N] from acceptance per "
            "depth, draft cost, v(nodes)) against the measured one, per drafting method and task", REAL_MODELS),
+    Figure("endpoints.png", "05_endpoints", "OpenAI-compatible servers, plain and speculative: end-to-end latency, "
+           "speedup over the plain server of each kind and acceptance from the servers' counters, per task",
+           REAL_MODELS),
+    Figure("endpoints_length_concurrency.png", "05_endpoints", "the servers' median speedup by max_tokens and by "
+           "concurrency", REAL_MODELS),
     Figure("draft_training_loss.png", "00_train_draft", "the standalone draft's training curve",
            "float32 training (weights shipped in float16)"),
     Figure("heads_training.png", "00_train_heads", "the EAGLE-style head's and the Medusa heads' training curves",
