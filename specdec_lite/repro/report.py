@@ -31,6 +31,7 @@ NOT_MEASURED = "not measured yet"
 VERDICT_NOT_MEASURED = "not measured yet"
 SUMMARY_CSV, RUNS_CSV, CLAIMS_CSV = "task_acceptance_summary.csv", "task_acceptance_runs.csv", "claims.csv"
 GOALS_CSV, COST_MODEL_CSV = "speed_goals.csv", "cost_model.csv"  # written by 03_task_acceptance
+ENDPOINT_RUNS_CSV = "endpoints_runs.csv"  # written by 05_endpoints: every request with its text (its table is shown)
 OVERALL = "overall (median)"
 
 
@@ -354,7 +355,7 @@ def speed_section(results_dir: Path) -> str:
 
 def other_results(results_dir: Path) -> str:
     """Any other CSV in the results folder, as a table (the first rows of long ones)."""
-    known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV, GOALS_CSV, COST_MODEL_CSV}
+    known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV, GOALS_CSV, COST_MODEL_CSV, ENDPOINT_RUNS_CSV}
     others = [p for p in sorted(Path(results_dir).glob("*.csv"))
               if p.name not in known and not p.name.startswith("claims_")]
     lines = ["## Other measurements", ""]
