@@ -18,6 +18,7 @@ Layout (each layer imports only the ones above it):
             length; loading a draft by name (load_draft("auto", target): the recommended drafting)
   repro     the reproduction: toy models, exact enumeration, statistics, theory, tasks, evaluation, claims
   train     target-made text, features, the training loop for the draft and the heads, model cards
+  sweep     (top) the notebooks for several model pairs;  serve  (top) an OpenAI-compatible server over the loop
 """
 from .core.decode import Generation, GenerationStats, autoregressive_generate, speculative_generate
 from .core.drafter import Drafter, ModelDraft

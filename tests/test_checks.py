@@ -171,6 +171,7 @@ def test_c14_short_outputs():
     assert row.verdict == R and "over ours plain, float32" in row.measured
     assert checks.c14_short_outputs("n-gram", table.assign(speedup=[1.06, 1.04])).verdict == D
     assert checks.c14_short_outputs("n-gram", table.assign(speedup=[1.15, 1.5])).verdict == D
+    assert checks.c14_short_outputs("n-gram", table, source="003 (servers)").source == "003 (servers)"
 
 
 def test_c15_batch():
@@ -178,6 +179,16 @@ def test_c15_batch():
     row = checks.c15_batch(4, table)
     assert row.verdict == R and row.measured.endswith("1: 1.40, 16: 2.50")
     assert checks.c15_batch(4, table.assign(**{"v(4) = T(5 tokens)/T(1 token)": [1.4, 1.5]})).verdict == D
+
+
+def test_c15_concurrency():
+    table = pd.DataFrame({"concurrency": [1, 4, 16], "speedup": [1.4, 1.3, 1.2], "baseline": "plain server"})
+    row = checks.c15_concurrency("vLLM", table, batches=True)
+    assert row.verdict == R and row.measured.endswith("1: 1.40x, 4: 1.30x, 16: 1.20x")
+    assert row.source == "003 (servers)"
+    assert checks.c15_concurrency("vLLM", table.assign(speedup=[1.4, 1.4, 1.38]), batches=True).verdict == D
+    queued = checks.c15_concurrency("local server", table, batches=False)  # no batching: not the claim's regime
+    assert queued.verdict == "not testable here" and queued.measured.endswith("1: 1.40x, 4: 1.30x, 16: 1.20x")
 
 
 @pytest.mark.parametrize("name", [n for n in dir(checks) if n[:1] == "c" and n[1:2].isdigit()])

@@ -239,8 +239,9 @@ class Decoding:
             done |= (torch.isin(self.seq, torch.tensor(self.eos, device=self.seq.device)) & new).any(1)
         return done
 
-    def finish(self, stats: GenerationStats, clock: Clock, start: float) -> Generation:
-        """Each row cut at max_new_tokens and just after its first EOS (nothing after EOS is emitted)."""
+    def emitted(self) -> list:
+        """Each row's new tokens so far, cut at max_new_tokens and just after its first EOS (nothing after EOS is
+        emitted)."""
         out = []
         for b in range(self.seq.shape[0]):
             new = self.seq[b, self.prompt_len: min(int(self.lengths[b]), self.prompt_len + self.max_new_tokens)]
@@ -249,6 +250,11 @@ class Decoding:
                 if len(hits):
                     new = new[: int(hits[0]) + 1]
             out.append(new.cpu())
+        return out
+
+    def finish(self, stats: GenerationStats, clock: Clock, start: float) -> Generation:
+        """The run's ``Generation``: each row as ``emitted`` gives it."""
+        out = self.emitted()
         stats.new_tokens = sum(len(s) for s in out)
         stats.total_seconds = clock.total(start)
         return Generation(out, stats)
@@ -264,7 +270,8 @@ def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch
 # ---------------------------------------------------------------- the loop
 def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_tokens: int = 128,
                          sampling: SamplingParams = SamplingParams(), seed: int = 0, eos_token_id=None,
-                         timed: bool = True, verifier: Verifier = EXACT) -> Generation:
+                         timed: bool = True, verifier: Verifier = EXACT,
+                         on_round: Callable[[list], None] | None = None) -> Generation:
     """Speculative decoding: ``draft`` proposes gamma tokens, ``target`` verifies them in one forward.
 
     target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's
@@ -273,7 +280,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     With ``sampling.temperature == 0`` the output is the target's own greedy output, token for token (bitwise
     where the target's forwards are batch-invariant, see ``load_model``). ``timed=False`` skips the per-round
     device synchronization (the stats' per-phase seconds then mean little on a GPU). ``verifier`` is the exact
-    one unless a test hands in a broken one.
+    one unless a test hands in a broken one. ``on_round``, when given, is called after every round with each
+    row's new tokens so far (``Decoding.emitted``): what a server streams as the rounds finish.
     """
     target_lm, drafter = as_language_model(target), as_drafter(draft, target)
     max_length, context_name = context_limit(target_lm, getattr(drafter, "lm", None))
@@ -290,6 +298,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     drafter.begin(input_ids)
     while not bool(run.finished.all()):
         one_round(target_lm, drafter, run, gamma, sampling, generator, stats, clock, verifier)
+        if on_round is not None:
+            on_round(run.emitted())
     return run.finish(stats, clock, start)
 
 
@@ -373,8 +383,10 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
 
 def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
                             sampling: SamplingParams = SamplingParams(), seed: int = 0,
-                            eos_token_id=None, timed: bool = True) -> Generation:
-    """The baseline: one target forward per token, through the same wrapper, sampling rule and generator."""
+                            eos_token_id=None, timed: bool = True,
+                            on_round: Callable[[list], None] | None = None) -> Generation:
+    """The baseline: one target forward per token, through the same wrapper, sampling rule and generator;
+    ``on_round`` as in ``speculative_generate`` (called after every token)."""
     target_lm = as_language_model(target)
     max_length, context_name = context_limit(target_lm)
     input_ids = check_request(input_ids, max_length, 1, max_new_tokens, sampling, context_name)
@@ -400,5 +412,7 @@ def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
         run.advance(torch.where(done, lengths, lengths + 1))
         target_lm.crop(run.lengths - 1)  # finished rows forget the token they were fed
         stats.record([], [], 0.0, clock.now() - t0)
+        if on_round is not None:
+            on_round(run.emitted())
     stats.accepted_lengths = [1] * stats.rounds  # one token a round
     return run.finish(stats, clock, start)

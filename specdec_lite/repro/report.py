@@ -32,6 +32,7 @@ NOT_MEASURED = "not measured yet"
 VERDICT_NOT_MEASURED = "not measured yet"
 SUMMARY_CSV, RUNS_CSV, CLAIMS_CSV = "task_acceptance_summary.csv", "task_acceptance_runs.csv", "claims.csv"
 GOALS_CSV, COST_MODEL_CSV = "speed_goals.csv", "cost_model.csv"  # written by 03_task_acceptance
+ENDPOINT_RUNS_CSV = "endpoints_runs.csv"  # written by 05_endpoints: every request with its text (its table is shown)
 OVERALL = "overall (median)"
 
 
@@ -60,6 +61,11 @@ FIGURES = [
            REAL_MODELS),
     Figure("cost_model.png", "03_task_acceptance", "the cost model's predicted speedup (E[N] from acceptance per "
            "depth, draft cost, v(nodes)) against the measured one, per drafting method and task", REAL_MODELS),
+    Figure("endpoints.png", "05_endpoints", "OpenAI-compatible servers, plain and speculative: end-to-end latency, "
+           "speedup over the plain server of each kind and acceptance from the servers' counters, per task",
+           REAL_MODELS),
+    Figure("endpoints_length_concurrency.png", "05_endpoints", "the servers' median speedup by max_tokens and by "
+           "concurrency", REAL_MODELS),
     Figure("draft_training_loss.png", "00_train_draft", "the standalone draft's training curve",
            "float32 training (weights shipped in float16)"),
     Figure("heads_training.png", "00_train_heads", "the EAGLE-style head's and the Medusa heads' training curves",
@@ -343,7 +349,7 @@ def speed_section(results_dir: Path) -> str:
 
 def other_results(results_dir: Path) -> str:
     """Any other CSV in the results folder, as a table (the first rows of long ones)."""
-    known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV, GOALS_CSV, COST_MODEL_CSV}
+    known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV, GOALS_CSV, COST_MODEL_CSV, ENDPOINT_RUNS_CSV}
     others = [p for p in sorted(Path(results_dir).glob("*.csv"))
               if p.name not in known and not p.name.startswith("claims_")]
     lines = ["## Other measurements", ""]

@@ -57,12 +57,14 @@ def first_per_task(prompts: list[dict], n: int) -> list[dict]:
     return [p for t in task_names for p in [q for q in prompts if q["task"] == t][:n]]
 
 
-def chat_ids(tokenizer, text: str, device="cpu") -> torch.Tensor:
-    """(1, T) token ids of ``text`` as a user turn with the tokenizer's chat template and the assistant prefix;
-    plain tokenization for tokenizers without a chat template."""
+def chat_ids(tokenizer, text: str | list, device="cpu") -> torch.Tensor:
+    """(1, T) token ids of ``text`` as a user turn (or of a list of chat messages, ``{"role", "content"}``) with
+    the tokenizer's chat template and the assistant prefix; for tokenizers without a chat template, plain
+    tokenization (of the messages' contents, one per line)."""
+    messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]
     else:
-        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        ids = tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt")["input_ids"]
     return ids.to(device)

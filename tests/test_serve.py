@@ -1,0 +1,48 @@
+"""The server's pieces that need no model: the loop's per-round hook (what streaming sends), request checks."""
+import torch
+
+import specdec_lite as sd
+from specdec_lite.repro.toy import random_pair
+from specdec_lite.serve import check_body
+
+
+def test_on_round_sees_growing_prefixes_that_end_in_the_returned_tokens():
+    target, draft = random_pair(vocab=6, seed=3)
+    seen = []
+    out = sd.speculative_generate(target, draft, torch.tensor([0, 1]), gamma=3, max_new_tokens=20,
+                                  sampling=sd.SamplingParams(temperature=1.0), seed=5,
+                                  on_round=lambda rows: seen.append(rows[0].clone()))
+    assert len(seen) == out.stats.rounds
+    assert torch.equal(seen[-1], out.tokens)
+    for before, after in zip(seen, seen[1:]):
+        assert len(after) > len(before) and torch.equal(after[:len(before)], before)
+    plain_seen = []
+    plain = sd.autoregressive_generate(target, torch.tensor([0, 1]), max_new_tokens=7,
+                                       on_round=lambda rows: plain_seen.append(len(rows[0])))
+    assert plain_seen == list(range(1, 8)) and len(plain.tokens) == 7
+
+
+def test_requests_the_server_cannot_run_are_refused_saying_what_to_do():
+    good = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert check_body(good, "m") is None
+    assert check_body(dict(good, model="x"), "m")[0] == 404 and "serves 'm'" in check_body(dict(good, model="x"), "m")[1]
+    assert check_body(dict(good, messages=[]), "m")[0] == 400
+    assert check_body(dict(good, messages=[{"role": "user"}]), "m")[0] == 400
+    assert "max_tokens" in check_body(dict(good, max_tokens=-3), "m")[1]
+    assert "max_tokens" in check_body(dict(good, max_tokens=0), "m")[1]
+    assert "n = 1" in check_body(dict(good, n=2), "m")[1]
+    assert check_body(["not", "a", "dict"], "m")[0] == 400
+
+
+def test_the_harness_runs_its_requests_inside_a_running_event_loop_too():
+    import asyncio
+
+    from specdec_lite.repro.endpoints import run_coroutine
+
+    async def answer():
+        return 42
+
+    async def from_a_notebook():  # a Jupyter kernel's cell runs while an event loop runs
+        return run_coroutine(answer())
+
+    assert run_coroutine(answer()) == 42 and asyncio.run(from_a_notebook()) == 42
