@@ -8,7 +8,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import nbformat
 import pytest
 
 from specdec_lite import paths, sweep
+from specdec_lite.repro.endpoints import free_port
 
 ROOT = paths.repo_root()
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -59,12 +59,6 @@ def lab_command(port: int, settings: Path) -> list[str]:
                              capture_output=True, text=True, check=True).stdout
     [line] = [line for line in printed.splitlines() if " lab " in line and "jupyter" in line]
     return shlex.split(line)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tracked_notebooks_digest() -> dict:

@@ -26,12 +26,15 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from .tasks import by_task
 
 # vLLM's counter names (vllm/v1/metrics): what the acceptance is read from
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -210,8 +213,7 @@ async def measure_with(clients: dict, endpoints: list[Endpoint], prompts: list[d
         for e in endpoints:
             await stream_one(clients[e.name], e, {**prompts[0], "max_tokens": 4}, settings)
     records, acceptance = [], []
-    for task in dict.fromkeys(p["task"] for p in prompts):
-        chosen = [p for p in prompts if p["task"] == task]
+    for task, chosen in by_task(prompts).items():
         for e in endpoints:
             before = await read_counters(e, settings.timeout_s)
             rows = await run_task(clients[e.name], e, chosen, settings)
@@ -298,8 +300,7 @@ def at_least_per_task(prompts: list[dict], n: int) -> list[dict]:
     """Each task's prompts, repeated in turn until the task has at least ``n`` requests (ids made unique), so
     that a concurrency of ``n`` really has ``n`` requests in flight."""
     out = []
-    for task in dict.fromkeys(p["task"] for p in prompts):
-        chosen = [p for p in prompts if p["task"] == task]
+    for chosen in by_task(prompts).values():
         count = max(n, len(chosen))
         out += [dict(chosen[i % len(chosen)], id=f"{chosen[i % len(chosen)]['id']}#{i // len(chosen)}")
                 if i >= len(chosen) else chosen[i] for i in range(count)]
@@ -409,8 +410,6 @@ def local_endpoints(target: str, draft: str = "auto", dtype: str = "auto", devic
     server plain and with prompt lookup on the embedded target's GGUF, each on a free port; yield their
     ``Endpoint``s (each speculative one's baseline is the plain server of its kind); stop them all. ``threads``:
     each server's CPU threads (see ``local_server_command``)."""
-    import tempfile
-
     from ..core.models import EMBEDDED_TARGET, embedded_gguf_path
 
     if lookup_tokens and target != EMBEDDED_TARGET:
@@ -425,8 +424,6 @@ def local_endpoints(target: str, draft: str = "auto", dtype: str = "auto", devic
         plan += [(LLAMA_PLAIN, LLAMA_PLAIN, lambda port: llama_cpp_server_command(port, gguf, target, 0, threads)),
                  (LLAMA_LOOKUP, LLAMA_PLAIN,
                   lambda port: llama_cpp_server_command(port, gguf, target, lookup_tokens, threads))]
-    from contextlib import ExitStack
-
     with tempfile.TemporaryDirectory() as logs, ExitStack() as running:
         started = []
         for i, (name, baseline, command) in enumerate(plan):

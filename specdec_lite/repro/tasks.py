@@ -51,10 +51,17 @@ def load_prompts(path: str | Path | None = None, tasks=None, per_task: int | Non
     return records if per_task is None else first_per_task(records, per_task)
 
 
+def by_task(prompts: list[dict]) -> dict[str, list[dict]]:
+    """The prompts of each task, in their order, tasks in order of first appearance."""
+    grouped = {}
+    for p in prompts:
+        grouped.setdefault(p["task"], []).append(p)
+    return grouped
+
+
 def first_per_task(prompts: list[dict], n: int) -> list[dict]:
     """The first ``n`` prompts of each task, tasks in order of first appearance."""
-    task_names = list(dict.fromkeys(p["task"] for p in prompts))
-    return [p for t in task_names for p in [q for q in prompts if q["task"] == t][:n]]
+    return [p for chosen in by_task(prompts).values() for p in chosen[:n]]
 
 
 def chat_ids(tokenizer, text: str | list, device="cpu") -> torch.Tensor:
