@@ -95,11 +95,17 @@ def test_the_bench_table_gives_medians_speeds_and_greedy_identity_per_configurat
             rows.append({"id": pid, "temperature": 0.0, "configuration": config, "method": f"{method}, {config}",
                          "seconds": seconds, "new_tokens": 100, "plain": method != "auto",
                          "same_as_baseline": same, "first_divergence": math.nan if same else diverge,
-                         "speedup_same_config": (plain16 if config == "bfloat16" else plain32) / seconds})
+                         "speedup_same_config": (plain16 if config == "bfloat16" else plain32) / seconds,
+                         "kind": "speculative" if method == "auto" else "plain",
+                         "rounds": {"a": 40, "b": 50, "c": 25}[pid] if method == "auto" else 100,
+                         **({"draft_cost_per_round": 0.5, "v": 1.5} if method == "auto" else {})})
     runs = baseline.over_fastest(pd.DataFrame(rows))
     table = bench.table(runs).set_index(["configuration", "method"])
     auto = table.loc[("bfloat16", "auto")]
     assert auto["ms/token"] == pytest.approx(12.0) and auto["speed vs baseline"] == pytest.approx(2.0)  # 2.4/1.2
     assert auto["greedy identical"] == "1/3" and auto["first divergence (median)"] == 40.0
+    assert auto["tau"] == pytest.approx(300 / 115)  # tokens over rounds, the three runs pooled
+    assert auto["cost model vs same configuration"] == pytest.approx(300 / 115 / (0.5 + 1.5))
+    assert math.isnan(table.loc[("float32", "ours autoregressive"), "tau"])
     assert table.loc[("float32", "ours autoregressive"), "speed vs baseline"] == pytest.approx(0.5)
     assert set(table.baseline) == {"ours autoregressive, bfloat16"}

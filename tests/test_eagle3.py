@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
+from specdec_lite.core.models import EMBEDDED_EAGLE
 from specdec_lite.train import corpus, eagle3, teacher
 
 from conftest import tiny_llama
@@ -69,3 +70,39 @@ def test_held_out_records_need_a_corpus_past_the_first_heads():
     picked = eagle3.heldout_indices(10_000)
     assert picked[0] == eagle3.FIRST_HEAD_RECORDS and len(picked) == eagle3.HELDOUT_RECORDS
     assert picked[1] - picked[0] == eagle3.HELDOUT_EVERY
+
+
+def test_a_head_is_published_only_when_it_beats_the_first(texts, tmp_path, monkeypatch):
+    """``publish`` compares the run's head with the shipped first head on the same held-out records: a head trained
+    24 steps replaces nothing when the first head is itself, and is shipped (files, a card with both heads' figures)
+    against a first head of one step; the tree drafts then use it."""
+    from specdec_lite.paths import DATA_ENV
+    from specdec_lite.train.loop import copy_checkpoint
+
+    target, root = texts
+    good = trainer(target, root, "good", config(root, sub_vocab_size=4096))
+    good.run(progress=False)
+    weak = trainer(target, root, "weak", config(root, steps=1, sub_vocab_size=4096))
+    weak.run(progress=False)
+    monkeypatch.setenv(DATA_ENV, str(tmp_path))
+    shipped = tmp_path / "drafts" / eagle3.NAME
+    copy_checkpoint(root / "good", tmp_path / "drafts" / EMBEDDED_EAGLE)  # the same head: not better
+    assert not eagle3.is_better(eagle3.publish(target, good)) and not shipped.exists()
+    copy_checkpoint(root / "weak", tmp_path / "drafts" / EMBEDDED_EAGLE)
+    comparison = eagle3.publish(target, good)
+    assert eagle3.is_better(comparison) and len(comparison) == 2
+    assert {"head.safetensors", "head_config.json", "README.md"} <= {f.name for f in shipped.iterdir()}
+    assert not (shipped / "training_state.pt").exists()
+    card = (shipped / "README.md").read_text()
+    assert "first EAGLE head beside this one" in card and f"{EMBEDDED_EAGLE} (first head)" in card
+    assert sd.load_draft("auto", target).head.eagle.feature_layers == tuple(good.layers)
+
+
+def test_better_is_a_higher_t1_acceptance_and_no_lower_greedy_agreement():
+    import pandas as pd
+
+    def table(agree, accept):
+        return pd.DataFrame({"heldout_agreement_step1": [0.5, agree], "heldout_acceptance_t1_step1": [0.4, accept]})
+
+    assert eagle3.is_better(table(0.6, 0.5)) and eagle3.is_better(table(0.5, 0.41))
+    assert not eagle3.is_better(table(0.6, 0.4)) and not eagle3.is_better(table(0.49, 0.5))

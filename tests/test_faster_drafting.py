@@ -131,11 +131,13 @@ def test_the_real_probe_makes_bfloat16_batch_invariant(embedded_bf16):
 
 
 def test_greedy_identity_in_bfloat16_ours_and_transformers(embedded_bf16):
-    """Same model, same dtype: our speculative output (every drafting kind, trees and adaptive included) ==
-    our autoregressive output == transformers' generate, on two evaluation prompts, 48 tokens."""
+    """Same model, same dtype: our speculative output (every drafting kind, trees, dynamic trees and adaptive
+    included) == our autoregressive output == transformers' generate, on two evaluation prompts, 48 tokens."""
     model, tokenizer = embedded_bf16
     drafts = {"auto": load_draft("auto", model), "eagle chain": load_draft(EMBEDDED_EAGLE, model),
               "eagle-adaptive": load_draft("eagle-adaptive", model), "n-gram": load_draft("n-gram", model),
+              "dynamic-tree": load_draft("dynamic-tree", model), "hybrid-dynamic": load_draft("hybrid-dynamic", model),
+              "eagle-tree-drawn": load_draft("eagle-tree-drawn", model),
               "trained draft": load_draft(sd.EMBEDDED_DRAFT, model)}
     eos = tokenizer.eos_token_id
     for p in first_per_task(load_prompts(), 1)[:2]:
@@ -158,7 +160,10 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     with pytest.raises(ValueError, match="needs an EAGLE head trained for this target"):
         load_draft("hybrid-tree", other)
     drafts, skipped = drafts_for_pair(model)
-    assert {"lookup tree", "EAGLE adaptive", "EAGLE tree", "hybrid tree (auto)"} <= set(drafts)
+    assert {"lookup tree", "EAGLE adaptive", "EAGLE tree", "hybrid tree (auto)", "EAGLE dynamic tree",
+            "hybrid dynamic tree"} <= set(drafts)
+    dynamic = drafts["EAGLE dynamic tree"]  # measured once for both dynamic trees, on this machine
+    assert drafts["hybrid dynamic tree"].head is dynamic and dynamic.costs["v"][1] == 1.0
     drafts, skipped = drafts_for_pair(other)
     assert "lookup tree" in drafts and "EAGLE adaptive / tree / hybrid" in skipped
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
+from specdec_lite.core import timing
 from specdec_lite.repro import speedup_tables, theory
 from specdec_lite.repro.toy import constant_alpha_pair
 
@@ -83,19 +84,17 @@ class FakeClock:
 
 
 def test_forward_seconds_are_medians_of_the_timed_repeats_after_a_warm_up():
-    from specdec_lite.repro import bench
-
     from conftest import tiny_llama
 
     # per k: one warm-up (100 s, dropped) then 3 timed forwards
     clock = FakeClock([100, 1, 2, 9, 100, 4, 6, 5])
-    seconds = bench.forward_seconds(tiny_llama(), context_len=8, new_tokens=(1, 3), repeats=3, clock=clock)
+    seconds = timing.forward_seconds(tiny_llama(), context_len=8, new_tokens=(1, 3), repeats=3, clock=clock)
     assert seconds == {1: 2.0, 3: 5.0}
     assert clock.calls == 16
     with pytest.raises(ValueError, match="repeats"):
-        bench.forward_seconds(tiny_llama(), repeats=0)
+        timing.forward_seconds(tiny_llama(), repeats=0)
     with pytest.raises(ValueError, match="new_tokens"):
-        bench.forward_seconds(tiny_llama(), new_tokens=(0, 2))
+        timing.forward_seconds(tiny_llama(), new_tokens=(0, 2))
 
 
 def test_memory_bandwidth_is_twice_the_bytes_over_the_median_copy_time():
@@ -127,7 +126,7 @@ def test_costs_are_the_documented_ratios_of_medians():
     no_draft = costs.measure(tiny_llama(), gammas=[2], repeats=1, context_len=8, clock=FakeClock([9, 4, 9, 6]))
     assert no_draft.v == {2: 1.5} and np.isnan(no_draft.c)
     # v(n) for token trees: every count against one token, 1 always among them
-    assert costs.cost_by_tokens(tiny_llama(), (3, 2), repeats=1, context_len=8,
+    assert timing.cost_by_tokens(tiny_llama(), (3, 2), repeats=1, context_len=8,
                                 clock=FakeClock([50, 2, 50, 3, 50, 5])) == {1: 1.0, 2: 1.5, 3: 2.5}
 
 
@@ -142,7 +141,7 @@ def test_costs_by_batch_measures_v_at_each_batch_size():
     table = costs.by_batch(model, [1, 2], gamma=2, repeats=1)
     assert list(table.columns) == ["batch", "v(2) = T(3 tokens)/T(1 token)"] and list(table.batch) == [1, 2]
     # per batch size b (rows per forward): the 64-token context, then for k = 1 and gamma + 1 = 3 new tokens one
-    # warm-up and repeats = 1 timed forward (bench.forward_seconds); the times themselves are real (no clock here)
+    # warm-up and repeats = 1 timed forward (timing.forward_seconds); the times themselves are real (no clock here)
     assert fed == [(b, k) for b in (1, 2) for k in (64, 1, 1, 3, 3)]
 
 
@@ -194,7 +193,7 @@ def test_tree_formula_adds_each_nodes_path_probability():
     assert theory.expected_tokens_tree([0, 0.5, 0.3, 0.4], [-1, 0, 0, 1]) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="parent"):
         theory.expected_tokens_tree([0, 0.5], [-1, 1])
-    assert theory.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 7) == pytest.approx(1.2)
-    assert theory.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 13) == pytest.approx(1.5)
+    assert timing.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 7) == pytest.approx(1.2)
+    assert timing.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 13) == pytest.approx(1.5)
     # a noisy last measurement below the one before it: flat past it, never down to a negative cost
-    assert theory.v_at({1: 1.0, 3: 0.6}, 9) == pytest.approx(0.6)
+    assert timing.v_at({1: 1.0, 3: 0.6}, 9) == pytest.approx(0.6)

@@ -8,8 +8,8 @@ from specdec_lite.core import tree as tree_module
 from specdec_lite.core.decode import EXACT
 from specdec_lite.core.drafter import ModelDraft
 from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
-from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, LookupTreeDraft,
-                                      SampledTreeDraft, node_budget)
+from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, LookupTreeDraft, best_budget,
+                                      SampledTreeDraft, measured_dynamic_tree, node_budget)
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import TREE_MUTANTS
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
@@ -287,6 +287,8 @@ def test_t1_sampled_tree_through_a_tiny_llama_tree_forward():
 
 EAGLE_TREES = {
     "drawn EAGLE tree": lambda head: EagleTreeDraft(head, width=2, draw=True),
+    "drawn EAGLE tree, entropy-adaptive": lambda head: EagleTreeDraft(
+        head, width=2, draw=True, adaptive=AdaptiveLength(threshold=0.6, step=0.0, entropy=True)),
     "dynamic tree": lambda head: DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2),
     "chosen adaptive EAGLE tree": lambda head: EagleTreeDraft(head, width=2,
                                                                adaptive=AdaptiveLength(threshold=0.5, step=0.0)),
@@ -429,4 +431,45 @@ def test_dynamic_tree_expansions_are_the_chains_of_their_paths(kind):
     base = sd.autoregressive_generate(target, prompt, max_new_tokens=40, sampling=greedy).tokens
     fresh = DynamicTreeDraft(random_head_draft(target, kind), lambda n: 1 + 0.05 * n, 0.1, top_k=3)
     out = sd.speculative_generate(target, fresh, prompt, gamma=4, max_new_tokens=40, sampling=greedy)
+    assert torch.equal(out.tokens, base)
+
+
+def test_dynamic_tree_depth_is_what_the_cost_model_pays_for():
+    """The dynamic tree stops expanding when a level does not raise the predicted speedup: with free head steps
+    and a flat v every level pays (depth gamma); with a head step costing 100 decode steps none beyond the first
+    does (depth 1); ``best_budget``'s speedup is the cost model's for the kept nodes."""
+    from test_heads import random_head_draft
+
+    target = tiny_llama(vocab=64, seed=0)
+    prompt = torch.tensor([[5, 9, 11, 3, 7]])
+    greedy = sd.SamplingParams(temperature=0)
+
+    def depth(head_cost):
+        eagle = _observed(target, random_head_draft(target, "eagle3"), prompt)
+        tree = DynamicTreeDraft(eagle, lambda n: 1.0, head_cost, top_k=3).propose_tree(
+            prompt, torch.tensor([prompt.shape[1]]), 4, greedy, None)
+        return max(len(tree.path_to(u)) for u in range(tree.size))
+
+    assert depth(0.0) == 4
+    assert depth(100.0) == 1
+    n, speed = best_budget([0.9, 0.5, 0.1], 1.0, lambda n: 1 + 0.2 * (n - 1))
+    assert n == 2 and speed == pytest.approx((1 + 0.9 + 0.5) / (1.0 + 1.4))
+
+
+def test_measured_dynamic_tree_reads_this_machines_costs():
+    """``measured_dynamic_tree`` times the target over 1..8 tokens and a drafting round: v(1) = 1, v(n) is the
+    interpolation of what it measured, the head's cost per level is positive, and the tree it drafts keeps greedy
+    output the target's own."""
+    from test_heads import random_head_draft
+
+    target = tiny_llama(vocab=64, seed=0)
+    drafter = measured_dynamic_tree(random_head_draft(target, "eagle3"), target, top_k=2, max_depth=3, repeats=2,
+                                    tokens=(1, 2, 8))
+    v = drafter.costs["v"]
+    assert set(v) == {1, 2, 8} and v[1] == 1.0
+    assert drafter.verify_cost(5) == pytest.approx(v[2] + (v[8] - v[2]) / 2)
+    assert drafter.head_cost > 0 and drafter.costs["target_step_seconds"] > 0
+    prompt, greedy = torch.tensor([[5, 9, 11, 3, 7]]), sd.SamplingParams(temperature=0)
+    base = sd.autoregressive_generate(target, prompt, max_new_tokens=30, sampling=greedy).tokens
+    out = sd.speculative_generate(target, drafter, prompt, gamma=4, max_new_tokens=30, sampling=greedy)
     assert torch.equal(out.tokens, base)

@@ -6,19 +6,22 @@ from pathlib import Path
 import torch
 
 from ..core.lm import model_device, static_state, tokenizer_of
-from ..core.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, check_model_name, load_model, resolve_name
+from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_EAGLE3, EMBEDDED_TARGET, check_model_name, load_model,
+                           resolve_name)
 from ..core.tokenizers import check_tokenizers
 from ..paths import drafts_dir, is_head_dir
 from .heads import EagleDraft, MedusaDraft, check_head_target, load_head, read_head_config
 from .layer_skip import LayerSkipDraft
 from .ngram import NGramDraft
-from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
+from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft, measured_dynamic_tree
 
 
 def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
     """A draft for ``target`` by name: ``"auto"`` (the recommended drafting: the hybrid lookup + EAGLE-head token
     tree with an adaptive length, or lookup trees for a target without a head), ``"hybrid-tree"``, ``"eagle-tree"``,
-    ``"eagle-adaptive"``, ``"lookup-tree"`` (``TREE_DRAFTS``), ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the
+    ``"eagle-tree-drawn"``, ``"eagle-adaptive"``, ``"dynamic-tree"`` and ``"hybrid-dynamic"`` (EAGLE-2's dynamic tree, alone or with lookup
+    branches: its costs are measured on this machine when it loads, a few seconds), ``"lookup-tree"``
+    (``TREE_DRAFTS``), ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the
     target's own layers, middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
     with ``head_config.json``; refused when it was trained for another target), or else a draft model (package
     name, Hugging Face id or local path; its tokenizer must match the target's). Device and dtype default to
@@ -41,36 +44,64 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
 
 
 # Draft kinds built from a target's heads and its own text (drafts/trees.py), by name. "auto" is the package's
-# recommended drafting: measured best on the embedded target (README, "Measured"); for another target, the same
-# recipe with the EAGLE head trained for it if there is one, else lookup trees.
-TREE_DRAFTS = ("auto", "hybrid-tree", "eagle-tree", "eagle-adaptive", "lookup-tree")
+# recommended drafting (AUTO_DRAFT): measured best on the embedded target (README, "Measured"); for another target,
+# the same recipe with the EAGLE head trained for it if there is one, else lookup trees.
+TREE_DRAFTS = ("auto", "hybrid-tree", "eagle-tree", "eagle-tree-drawn", "eagle-adaptive", "dynamic-tree",
+               "hybrid-dynamic", "lookup-tree")
+DYNAMIC_TREES = ("dynamic-tree", "hybrid-dynamic")  # measured on the machine as they load
+AUTO_DRAFT = "hybrid-tree"
+TREE_LABELS = {"eagle-adaptive": "EAGLE adaptive", "eagle-tree": "EAGLE tree", "eagle-tree-drawn": "EAGLE tree drawn",
+               "hybrid-tree": "hybrid tree", "dynamic-tree": "EAGLE dynamic tree",
+               "hybrid-dynamic": "hybrid dynamic tree"}  # how results name them
 AUTO_SETTINGS = dict(lookup_branches=2, head_width=2, adaptive_threshold=0.3)  # the measured recommendation
 
 
-def tree_draft(name: str, target):
+def tree_draft(name: str, target, head: str | None = None):
     """A tree or adaptive drafter by name (``TREE_DRAFTS``). The head-based ones need an EAGLE head trained for
-    ``target`` under the drafts folder (``heads_for``); "auto" falls back to lookup trees without one."""
+    ``target`` under the drafts folder (``heads_for``): ``head`` names it, by default ``recommended_eagle``'s;
+    "auto" falls back to lookup trees without one."""
     eagle_names = [n for n in heads_for(target) if read_head_config(drafts_dir() / n).kind == "eagle"]
+    if head is not None and head not in eagle_names:
+        raise ValueError(f"head {head!r} is not an EAGLE head trained for this target under {drafts_dir()}; "
+                         f"those are {eagle_names or 'none'}")
     if name == "lookup-tree" or (name == "auto" and not eagle_names):
         return LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"])
     if not eagle_names:
         raise ValueError(f"draft {name!r} needs an EAGLE head trained for this target under {drafts_dir()}; "
                          "train one (notebooks/00_train_heads.ipynb) or use 'lookup-tree'")
-    built = head_tree_drafts(load_head(drafts_dir() / eagle_names[0], target))
-    return built["hybrid-tree" if name == "auto" else name]
+    name = AUTO_DRAFT if name == "auto" else name
+    eagle = load_head(drafts_dir() / (head or recommended_eagle(eagle_names)), target)
+    return head_tree_drafts(eagle, target if name in DYNAMIC_TREES else None)[name]
 
 
-def head_tree_drafts(eagle: EagleDraft) -> dict:
+def recommended_eagle(eagle_names: list[str]) -> str:
+    """The EAGLE head the tree drafts use when none is named: for the embedded target its EAGLE-3-style head where
+    it is shipped (``EMBEDDED_EAGLE3``: shipped only when it beats the first), else its first (``EMBEDDED_EAGLE``);
+    for another target the first of ``eagle_names``."""
+    return next((n for n in (EMBEDDED_EAGLE3, EMBEDDED_EAGLE) if n in eagle_names), eagle_names[0])
+
+
+def head_tree_drafts(eagle: EagleDraft, target=None) -> dict:
     """The drafters built on one EAGLE head, by ``TREE_DRAFTS`` name, with the recommended settings
-    (``AUTO_SETTINGS``); each has its own adaptive threshold."""
+    (``AUTO_SETTINGS``); each has its own adaptive threshold, which at T > 0 reads q's entropy. "eagle-tree-drawn"
+    draws the head's candidates from q at T > 0 (SpecInfer) where "eagle-tree" chooses the most likely. Given
+    ``target``, also the dynamic trees, with costs measured once on this machine (``measured_dynamic_tree``),
+    shared by both."""
     def adaptive():
-        return AdaptiveLength(threshold=AUTO_SETTINGS["adaptive_threshold"])
+        return AdaptiveLength(threshold=AUTO_SETTINGS["adaptive_threshold"], entropy=True)
 
-    head_tree = EagleTreeDraft(eagle, width=AUTO_SETTINGS["head_width"], adaptive=adaptive())
-    return {"eagle-adaptive": EagleTreeDraft(eagle, width=1, adaptive=adaptive()),
-            "eagle-tree": head_tree,
-            "hybrid-tree": HybridTreeDraft(LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"]),
-                                           EagleTreeDraft(eagle, width=AUTO_SETTINGS["head_width"], adaptive=adaptive()))}
+    def lookup():
+        return LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"])
+
+    def head_tree(draw=False):
+        return EagleTreeDraft(eagle, width=AUTO_SETTINGS["head_width"], adaptive=adaptive(), draw=draw)
+
+    built = {"eagle-adaptive": EagleTreeDraft(eagle, width=1, adaptive=adaptive()), "eagle-tree": head_tree(),
+             "eagle-tree-drawn": head_tree(draw=True), "hybrid-tree": HybridTreeDraft(lookup(), head_tree())}
+    if target is not None:
+        dynamic = measured_dynamic_tree(eagle, target)
+        built.update({"dynamic-tree": dynamic, "hybrid-dynamic": HybridTreeDraft(lookup(), dynamic)})
+    return built
 
 
 def check_draft_name(name_or_path: str) -> None:
@@ -108,15 +139,19 @@ def heads_for(target) -> list[str]:
 
 
 def head_label(draft) -> str:
-    """How results name a head: 'EAGLE head' or 'Medusa heads'."""
-    return "Medusa heads" if isinstance(draft, MedusaDraft) else "EAGLE head"
+    """How results name a head: 'EAGLE head', 'EAGLE-3 head' (features fused from several layers) or 'Medusa
+    heads'."""
+    if isinstance(draft, MedusaDraft):
+        return "Medusa heads"
+    return "EAGLE-3 head" if len(draft.feature_layers) > 1 else "EAGLE head"
 
 
 def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int = 0) -> tuple[dict, dict]:
     """Every draft kind that applies to ``target``, by label, and the kinds skipped, with the reason.
 
     The draft model (if given; labelled "trained draft"), the heads, n-gram prompt lookup (chain and tree), the
-    EAGLE head's adaptive chain, tree and hybrid tree (when there is an EAGLE head) and layer skip. ``heads``: "auto" (the heads
+    recommended EAGLE head's adaptive chain, trees and hybrids (``TREE_LABELS``; "(auto)" marks ``AUTO_DRAFT``;
+    when there is an EAGLE head) and layer skip. ``heads``: "auto" (the heads
     trained for this target, ``heads_for``; none is not an error), or names/folders (a comma-separated string
     or a list), each refused with the loader's message when it was trained for another target.
     """
@@ -129,16 +164,16 @@ def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int
             skipped["heads"] = "no head under the drafts folder was trained for this target"
     else:
         names = [h.strip() for h in heads.split(",")] if isinstance(heads, str) else list(heads)
-    for name in filter(None, names):
-        head = load_draft(name, target)
-        drafts[head_label(head)] = head
+    loaded = {name: load_draft(name, target) for name in filter(None, names)}
+    drafts.update({head_label(head): head for head in loaded.values()})
     drafts["n-gram"] = NGramDraft()
     drafts["lookup tree"] = LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"])
-    eagle = next((d for d in drafts.values() if isinstance(d, EagleDraft)), None)
-    if eagle is not None:  # adaptive length, trees and the hybrid on the same head
-        built = head_tree_drafts(eagle)
-        drafts.update({"EAGLE adaptive": built["eagle-adaptive"], "EAGLE tree": built["eagle-tree"],
-                       "hybrid tree (auto)": built["hybrid-tree"]})
+    eagles = {name: head for name, head in loaded.items() if isinstance(head, EagleDraft)}
+    eagle = eagles[recommended_eagle(list(eagles))] if eagles else None
+    if eagle is not None:  # adaptive length, trees and the hybrids on the same head
+        built = head_tree_drafts(eagle, target)
+        drafts.update({TREE_LABELS[name] + (" (auto)" if name == AUTO_DRAFT else ""): built[name]
+                       for name in TREE_LABELS})
     else:
         skipped["EAGLE adaptive / tree / hybrid"] = "no EAGLE head for this target"
     try:

@@ -9,23 +9,29 @@
   tokens as sibling leaves: a wider net for the same number of head steps.
 - ``LookupTreeDraft``: prompt lookup with several earlier matches, each continuation a branch; adaptive in the
   match length it requires (the point-mass rule: a longer match, a more reliable continuation).
-- ``HybridTreeDraft``: both in one tree (lookup branches and the head's chain), merged where they agree.
+- ``DynamicTreeDraft``: EAGLE-2's dynamic tree: expanded by path confidence, cut to the node budget and depth that
+  the cost model, with this machine's measured v(n), says pay (``measured_dynamic_tree``).
+- ``HybridTreeDraft``: lookup branches and a head's tree in one tree, merged where they agree.
 - ``SampledTreeDraft``: SpecInfer's sampled trees from a small draft model (siblings drawn i.i.d. from q), recomputed
   from scratch every round: for toy models and exactness checks, not for speed.
 
-Every node of the first three is chosen, not drawn (q one-hot), so they are exact at any temperature: the
-verifier samples y from the target at a node and descends when y is a child (``core/tree.py``).
+Chosen nodes (q one-hot) are exact at any temperature: the verifier samples y from the target at a node and
+descends when y is a child (``core/tree.py``). Every node is chosen except the sampled trees' and, with ``draw``
+at T > 0, the EAGLE tree's, which are drawn from q and verified with the q they were drawn from.
 """
 from __future__ import annotations
 
+import functools
 import itertools
+import statistics
 from dataclasses import dataclass
 
 import torch
 
 from ..core.drafter import Drafter, confidence_of, stops_here
-from ..core.lm import as_language_model
+from ..core.lm import HFCausalLM, as_language_model
 from ..core.sampling import SamplingParams, probs_from_logits
+from ..core.timing import forward_seconds, relative_to_one_token, timed, v_at
 from ..core.tree import Tree, TreeBuilder
 from .heads import EagleDraft
 
@@ -169,14 +175,21 @@ class EagleTreeDraft(Drafter):
         self.eagle.rollback(kept)
 
 
-def node_budget(confidences, draft_cost: float, verify_cost) -> int:
-    """How many candidates to verify, the most confident first: the N that maximises the cost model's speedup
-    (1 + sum of the N largest path confidences) / (draft_cost + verify_cost(N + 1)), the path confidence standing
-    for the probability that a node is accepted (EAGLE-2). ``verify_cost(n)``: a target forward over n tokens in
-    decode steps, v(n) as measured on the machine; ``draft_cost``: the round's drafting, in decode steps."""
+def best_budget(confidences, draft_cost: float, verify_cost) -> tuple[int, float]:
+    """(N, speedup): how many candidates to verify, the most confident first, and the cost model's speedup with
+    them: the N that maximises (1 + sum of the N largest path confidences) / (draft_cost + verify_cost(N + 1)), the
+    path confidence standing for the probability that a node is accepted (EAGLE-2). ``verify_cost(n)``: a target
+    forward over n tokens in decode steps, v(n) as measured on the machine; ``draft_cost``: the round's drafting,
+    in decode steps."""
     expected = 1 + torch.cat([torch.zeros(1), torch.as_tensor(confidences).sort(descending=True).values.cumsum(0)])
     speed = [float(e) / (draft_cost + verify_cost(n + 1)) for n, e in enumerate(expected)]
-    return max(range(len(speed)), key=speed.__getitem__)
+    n = max(range(len(speed)), key=speed.__getitem__)
+    return n, speed[n]
+
+
+def node_budget(confidences, draft_cost: float, verify_cost) -> int:
+    """The N of ``best_budget``."""
+    return best_budget(confidences, draft_cost, verify_cost)[0]
 
 
 @dataclass
@@ -191,21 +204,24 @@ class Candidate:
 class DynamicTreeDraft(Drafter):
     """EAGLE-2's dynamic tree on an EAGLE head (Li et al. 2024): from the root, expand the ``top_k`` most confident
     candidates of each depth by their ``top_k`` most likely children (path confidence: the product of the head's
-    probabilities along the path), up to depth gamma, then keep the candidates the cost model says pay
-    (``node_budget`` with the machine's v(n)). The candidates are chosen, not drawn, so the tree is exact at any
-    temperature (a chosen child is accepted with probability r(x)); at T > 0 the path confidence is the tempered
-    distribution's. The head drafts every expansion in one forward, each node attending to the real features
-    and its own ancestors."""
+    probabilities along the path), then keep the candidates the cost model says pay (``best_budget`` with the
+    machine's v(n)). The depth, at most gamma, is the cost model's too: a round stops expanding when its last
+    depth did not raise the best predicted speedup, each depth costing ``head_cost`` decode steps. The candidates
+    are chosen, not drawn, so the tree is exact at any temperature (a chosen child is accepted with probability
+    r(x)); at T > 0 the path confidence is the tempered distribution's. The head drafts every expansion in one
+    forward, each node attending to the real features and its own ancestors. ``measured_dynamic_tree`` builds one
+    with this machine's costs."""
 
     uses_target_features = True
     proposes_trees = True
 
-    def __init__(self, eagle: EagleDraft, verify_cost, head_cost: float, top_k: int = 4):
+    def __init__(self, eagle: EagleDraft, verify_cost, head_cost: float, top_k: int = 4, costs: dict | None = None):
         if not isinstance(eagle, EagleDraft):
             raise TypeError(f"DynamicTreeDraft wraps an EagleDraft, got {type(eagle).__name__}")
         if top_k < 1 or head_cost < 0:
             raise ValueError(f"need top_k >= 1 and head_cost >= 0, got {top_k}, {head_cost}")
         self.eagle, self.verify_cost, self.head_cost, self.top_k = eagle, verify_cost, head_cost, top_k
+        self.costs = costs  # what the costs were measured from (``measured_dynamic_tree``), for reports
         self.vocab_size, self.feature_layers = eagle.vocab_size, eagle.feature_layers
 
     def begin(self, input_ids):
@@ -224,22 +240,35 @@ class DynamicTreeDraft(Drafter):
         return [Candidate(int(t), parent, depth, confidence * float(p), feature)
                 for p, t in zip(top.values, top.indices)]
 
+    def budget(self, candidates: list[Candidate], depth: int) -> tuple[int, float]:
+        """``best_budget`` over the candidates of a round that expanded ``depth`` levels."""
+        return best_budget([c.confidence for c in candidates], depth * self.head_cost, self.verify_cost)
+
     @torch.inference_mode()
-    def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
-        builder = root_builder(seq, lengths)
+    def grow(self, builder: TreeBuilder, seq, lengths, gamma: int, sampling: SamplingParams, generator) -> None:
+        """Expand level by level while a level pays (at most gamma), then add the kept candidates under the root."""
         if self.eagle.features is None:  # the target has not run yet: nothing to read
-            return builder.build()
+            return
         candidates = self.children(-1, 1, 1.0, self.eagle.catch_up(seq, lengths), sampling)
         level, entry = list(range(len(candidates))), {}  # candidate -> its head cache entry once expanded
-        for depth in range(1, gamma):
+        depth, (n, speed) = 1, self.budget(candidates, 1)
+        while depth < gamma:
             expand = sorted(level, key=lambda i: -candidates[i].confidence)[: self.top_k]
             features = self.expand(seq, expand, entry, candidates, int(lengths[0]) + depth - 2)
-            level = []
+            deeper, level = list(candidates), []
             for i, feature in zip(expand, features.split(1, dim=1)):
                 for child in self.children(i, depth + 1, candidates[i].confidence, feature, sampling):
-                    level.append(len(candidates))
-                    candidates.append(child)
-        self.add_best(builder, candidates, gamma)
+                    level.append(len(deeper))
+                    deeper.append(child)
+            deeper_n, deeper_speed = self.budget(deeper, depth + 1)
+            if deeper_speed <= speed:  # this level does not pay for its head step
+                break
+            candidates, depth, n, speed = deeper, depth + 1, deeper_n, deeper_speed
+        self.add_best(builder, candidates, n)
+
+    def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
+        builder = root_builder(seq, lengths)
+        self.grow(builder, seq, lengths, gamma, sampling, generator)
         return builder.build()
 
     def expand(self, seq, indices: list[int], entry: dict, candidates: list[Candidate], position: int):
@@ -262,15 +291,50 @@ class DynamicTreeDraft(Drafter):
         positions = torch.full((len(chosen),), position, device=device)
         return eagle.head(sources, eagle.embed(tokens), positions, eagle.cache, allowed)
 
-    def add_best(self, builder: TreeBuilder, candidates: list[Candidate], gamma: int) -> None:
-        """Add the candidates the cost model keeps (``node_budget``), the most confident first; a candidate's
-        path confidence is at most its parent's, so the kept set holds every kept node's ancestors."""
+    @staticmethod
+    def add_best(builder: TreeBuilder, candidates: list[Candidate], n: int) -> None:
+        """Add the ``n`` most confident candidates; a candidate's path confidence is at most its parent's, so the
+        kept set holds every kept node's ancestors."""
         order = sorted(range(len(candidates)), key=lambda i: (-candidates[i].confidence, candidates[i].depth))
-        n = node_budget([candidates[i].confidence for i in order], gamma * self.head_cost, self.verify_cost)
         node = {-1: 0}
         for i in sorted(order[:n], key=lambda i: candidates[i].depth):
             if candidates[i].parent in node:
                 node[i] = builder.add(node[candidates[i].parent], candidates[i].token)
+
+
+def round_seconds(drafter: Drafter, target, depth: int, context_len: int = 64, repeats: int = 5) -> float:
+    """Median wall time of one drafting round of ``depth`` (``propose_tree``) of a drafter that reads the target's
+    features, as the loop runs it: after a target forward over a random context, with two new positions to catch
+    up on each time."""
+    lm = HFCausalLM(target)
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, drafter.vocab_size, (1, context_len + 1), generator=g).to(lm.device)
+    lm.reset(1)
+    _, hidden = lm.feed(seq[:, :-1], hidden_layers=drafter.feature_layers)
+    drafter.begin(seq)
+    drafter.observe(hidden, 0)
+    lengths, greedy, times = torch.tensor([context_len + 1]), SamplingParams(temperature=0.0), []
+    for r in range(repeats + 1):  # the first is a warm-up
+        drafter.rollback(torch.tensor([context_len - 2]))
+        drafter.observe(hidden[:, context_len - 2:], context_len - 2)
+        _, seconds = timed(lambda: drafter.propose_tree(seq, lengths, depth, greedy, None), lm.device)
+        if r:
+            times.append(seconds)
+    return statistics.median(times)
+
+
+def measured_dynamic_tree(eagle: EagleDraft, target, top_k: int = 4, max_depth: int = 8, repeats: int = 5,
+                          tokens=(1, 2, 4, 8, 16, 32, 64)) -> DynamicTreeDraft:
+    """A ``DynamicTreeDraft`` with this machine's costs, measured once, here: v(n) of ``target`` for n in
+    ``tokens`` (``core.timing.cost_by_tokens``, interpolated by ``v_at``) and the head's cost per depth, a round of
+    ``max_depth`` levels over ``max_depth``, in the target's decode steps. A CPU's v(n) climbs early and keeps
+    trees small; a GPU's stays near 1 and lets them grow. The measurement is kept in ``costs``."""
+    seconds = forward_seconds(target, new_tokens=sorted({1, *tokens}), repeats=repeats)
+    v = relative_to_one_token(seconds)
+    probe = DynamicTreeDraft(eagle, verify_cost=lambda n: 1.0, head_cost=0.0, top_k=top_k)  # expands every level
+    head_cost = round_seconds(probe, target, max_depth, repeats=repeats) / max_depth / seconds[1]
+    return DynamicTreeDraft(eagle, functools.partial(v_at, v), head_cost, top_k,
+                            costs={"v": v, "head_cost": head_cost, "target_step_seconds": seconds[1]})
 
 
 class LookupTreeDraft(Drafter):
@@ -331,12 +395,13 @@ class LookupTreeDraft(Drafter):
 
 
 class HybridTreeDraft(Drafter):
-    """Lookup branches and the EAGLE head's chain with siblings in one tree (merged where they agree)."""
+    """Lookup branches and an EAGLE head's tree (its chain with siblings, or the dynamic tree) in one tree, merged
+    where they agree."""
 
     uses_target_features = True
     proposes_trees = True
 
-    def __init__(self, lookup: LookupTreeDraft, head: EagleTreeDraft):
+    def __init__(self, lookup: LookupTreeDraft, head: "EagleTreeDraft | DynamicTreeDraft"):
         self.lookup, self.head = lookup, head
         self.vocab_size, self.feature_layers = head.vocab_size, head.feature_layers
 

@@ -1,10 +1,12 @@
 """Timing harness: every configuration of the target side by side in one run, against the fastest plain decoding.
 
     python -m specdec_lite.repro.bench [--prompts-per-task 2] [--max-new-tokens 96] [--temperatures 0 1]
+                                       [--drafts auto hybrid-dynamic] [--head smollm2-135m-eagle]
 
 Configurations: the target loaded as it is in each dtype the device computes natively (float32, plus bfloat16 or
 float16 where native), and in half precision also made batch-invariant (``load_model(batch_invariant=True)``,
-where this CPU allows it). Methods in each: ours autoregressive, ours with ``load_draft("auto")``, and, on the
+where this CPU allows it). Methods in each: ours autoregressive, ours with each draft of ``--drafts``
+(``load_draft``'s names, ``"auto"`` by default), and, on the
 models as they load, transformers' ``generate`` and prompt lookup. The project's evaluation prompts, every run
 exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first, interleaved per prompt
 (``evaluate.run_prompts``). The table gives, per temperature, the median ms per token, the median per-prompt
@@ -20,22 +22,11 @@ import time
 import pandas as pd
 import torch
 
-from ..core.decode import Clock
-from ..core.lm import HFCausalLM
 from ..core.models import EMBEDDED_TARGET, cpu_flags, cpuinfo, dtype_name, load_model, native_dtypes, resolve_device
 from ..core.sampling import SamplingParams
-from ..drafts.loading import load_draft
+from ..drafts.loading import TREE_DRAFTS, load_draft, tree_draft
 from . import baseline
 from .tasks import TASKS, load_prompts
-
-
-def timed(fn, device, clock=None):
-    """(result, seconds) with CUDA synchronized around the call. ``clock``: a function returning seconds (tests
-    pass a fake one); by default the device's ``Clock``."""
-    now = clock or Clock(device).now
-    start = now()
-    result = fn()
-    return result, now() - start
 
 
 def configurations(name: str, device) -> dict:
@@ -54,10 +45,11 @@ def configurations(name: str, device) -> dict:
 
 
 def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),
-        gamma=4, seed=0, progress=True) -> pd.DataFrame:
+        gamma=4, seed=0, progress=True, drafts=("auto",), head: str | None = None) -> pd.DataFrame:
     """Every (configuration, method) on the same prompts, one row per run, with the speed over the fastest plain
     decoding of the whole run (columns baseline, speedup) and, within a configuration, over its own plain
-    decoding (speedup_same_config)."""
+    decoding (speedup_same_config). ``drafts``: the speculative methods, by ``load_draft`` name; ``head``: the
+    EAGLE head the tree drafts use (``tree_draft``; by default the recommended one)."""
     from .evaluate import time_prompts, transformers_methods
 
     device = resolve_device(device)
@@ -69,7 +61,9 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
         for label, model in configs.items():
             hf = {} if "batch-invariant" in label else {
                 "transformers prompt lookup": transformers_methods()["transformers prompt lookup"]}
-            runs = time_prompts(model, tokenizer, {"auto": load_draft("auto", model)}, prompts, gamma=gamma,
+            speculative = {d: tree_draft(d, model, head) if d in TREE_DRAFTS else load_draft(d, model)
+                           for d in drafts}
+            runs = time_prompts(model, tokenizer, speculative, prompts, gamma=gamma,
                                 max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=t), seed=seed,
                                 progress=progress, transformers={"transformers generate": {}, **hf})
             frames.append(runs.assign(configuration=label))
@@ -93,47 +87,21 @@ def machine() -> str:
 def table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (temperature, configuration, method): median ms per token, median speed over the baseline, and (greedy)
     outputs identical to plain decoding of the same configuration, of how many, and the median position where the
-    others first differ."""
+    others first differ. For speculative methods also tau (tokens per round, all runs pooled) and the cost model's
+    speedup over plain decoding, tau / (d + v), from the run's own per-round drafting and verification costs in
+    target steps, beside the measured one."""
     rows = []
     for (t, config, method), g in runs.groupby(["temperature", "configuration", "method"], sort=False):
+        tau = g.new_tokens.sum() / g.rounds.sum() if g.kind.iloc[0] == "speculative" else float("nan")
+        model = tau / (g.draft_cost_per_round.median() + g.v.median()) if "v" in g else float("nan")
         rows.append({"temperature": t, "configuration": config, "method": method.rsplit(", ", 1)[0],
                      "ms/token": 1000 * (g.seconds / g.new_tokens).median(), "speed vs baseline": g.speedup.median(),
                      "speed vs same configuration": g.speedup_same_config.median(),
+                     "tau": tau, "cost model vs same configuration": model,
                      "greedy identical": f"{int(g.same_as_baseline.sum())}/{len(g)}" if t == 0 else "",
                      "first divergence (median)": g.first_divergence.median() if t == 0 else float("nan"),
                      "baseline": g.baseline.iloc[0]})
     return pd.DataFrame(rows)
-
-
-def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), repeats: int = 9,
-                    vocab_size: int | None = None, batch_size: int = 1, clock=None) -> dict:
-    """Median wall time of one forward over k new tokens (per row, ``batch_size`` rows) on a warm KV cache of
-    ``context_len`` tokens, for each k: {k: seconds}. The cache is rolled back after each timed forward, so
-    every repeat sees the same state. Each k gets one untimed warm-up forward, then ``repeats`` timed ones.
-    ``clock``: a function returning seconds (default: the device's clock, CUDA synchronized)."""
-    if repeats < 1 or context_len < 1 or batch_size < 1:
-        raise ValueError(f"need repeats, context_len and batch_size >= 1, got {repeats}, {context_len}, {batch_size}")
-    if not new_tokens or min(new_tokens) < 1:
-        raise ValueError(f"new_tokens must be a non-empty list of counts >= 1, got {new_tokens}")
-
-    lm = HFCausalLM(model, vocab_size=vocab_size)
-    device = lm.device
-    g = torch.Generator().manual_seed(0)
-    context = torch.randint(0, lm.vocab_size, (batch_size, context_len), generator=g).to(device)
-    lm.reset(batch_size)
-    lm.feed(context, num_logits=1)
-    keep = torch.full((batch_size,), context_len)
-    out = {}
-    for k in new_tokens:
-        tokens = torch.randint(0, lm.vocab_size, (batch_size, k), generator=g).to(device)
-        times = []
-        for r in range(repeats + 1):  # the first is a warm-up
-            _, seconds = timed(lambda: lm.feed(tokens), device, clock)
-            lm.crop(keep)
-            if r:
-                times.append(seconds)
-        out[k] = statistics.median(times)
-    return out
 
 
 def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5, clock=None) -> float:
@@ -160,10 +128,13 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--drafts", nargs="+", default=["auto"], help="speculative methods, by load_draft name")
+    parser.add_argument("--head", default=None, help="the EAGLE head of the tree drafts (default: the recommended)")
     parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma)
+    runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma,
+               drafts=args.drafts, head=args.head)
     summary, where = table(runs), machine()
     if args.out:
         summary.assign(machine=where, prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(

@@ -2,7 +2,7 @@
 
 v(gamma) = T_target(gamma + 1 tokens) / T_target(1 token): the verification forward over gamma+1 tokens against
 one decode step; c = T_draft(1 token) / T_target(1 token): one draft step against one target step. Each T is the
-median of timed forwards on a warm KV cache (``bench.forward_seconds``); the target's times for every token
+median of timed forwards on a warm KV cache (``core.timing.forward_seconds``); the target's times for every token
 count are taken in one sweep, the draft's just after with the same settings.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .bench import forward_seconds
+from ..core.timing import forward_seconds, relative_to_one_token
 
 
 def verification_costs(target_seconds: dict, gammas) -> dict:
@@ -21,20 +21,6 @@ def verification_costs(target_seconds: dict, gammas) -> dict:
         raise ValueError(f"need the target's forward time for {missing} tokens, have {sorted(target_seconds)}")
     relative = relative_to_one_token(target_seconds)
     return {g: relative[g + 1] for g in gammas}
-
-
-def relative_to_one_token(target_seconds: dict) -> dict:
-    """{n: T(n tokens) / T(1 token)} from {tokens: median seconds}."""
-    return {n: seconds / target_seconds[1] for n, seconds in target_seconds.items()}
-
-
-def cost_by_tokens(target_model, tokens, repeats: int = 9, context_len: int = 64, clock=None) -> dict:
-    """v(n) = T(n tokens) / T(1 token) of ``target_model`` for each n of ``tokens`` and 1: the verification cost
-    of n tokens in one forward, a token tree of n - 1 nodes among them (``theory.v_at`` interpolates).
-    ``clock`` as in ``bench.forward_seconds``."""
-    seconds = forward_seconds(target_model, context_len=context_len, new_tokens=sorted({1, *tokens}),
-                              repeats=repeats, clock=clock)
-    return relative_to_one_token(seconds)
 
 
 @dataclass(frozen=True)
@@ -52,7 +38,7 @@ class Costs:
 def measure(target_model, draft_model=None, gammas=(4,), repeats: int = 9, batch_size: int = 1,
             context_len: int = 64, clock=None) -> Costs:
     """v(gamma) for each gamma and c, from forward times of ``target_model`` (over 1 and gamma+1 tokens) and of
-    ``draft_model`` (one token; skipped when None). ``clock`` as in ``bench.forward_seconds``."""
+    ``draft_model`` (one token; skipped when None). ``clock`` as in ``core.timing.forward_seconds``."""
     gammas = list(gammas)
     if not gammas or min(gammas) < 1:
         raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}")

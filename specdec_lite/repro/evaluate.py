@@ -25,6 +25,7 @@ from ..core.batch_invariance import is_batch_invariant
 from ..core.decode import Clock, Generation, GenerationStats, autoregressive_generate, speculative_generate
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
+from ..core.timing import v_at
 from ..drafts.loading import load_draft
 from ..paths import prompts_dir
 from . import baseline
@@ -228,7 +229,7 @@ def predicted_accepted_length(accepted_lengths, depths, gamma: int) -> float:
 def cost_model(runs: pd.DataFrame, v_by_tokens: dict) -> pd.DataFrame:
     """Per (method, task), medians over prompts: measured mean accepted length beside the cost model's E[N]
     (``predicted_accepted_length``); draft cost d and verification cost v per round (in target steps) as
-    measured, and v(nodes + 1) from the separate forward timings ``v_by_tokens`` (``bench.forward_seconds``);
+    measured, and v(nodes + 1) from the separate forward timings ``v_by_tokens`` (``core.timing.cost_by_tokens``);
     the predicted speedup E[N] / (d + v(nodes + 1)) (``theory.tree_speedup``) beside the measured one."""
     from . import theory
 
@@ -237,7 +238,7 @@ def cost_model(runs: pd.DataFrame, v_by_tokens: dict) -> pd.DataFrame:
     for _, r in spec.iterrows():
         accepted, depths = _ints(r["accepted_lengths"]), round_depths(r.get("tree_depths"), r["proposed_lengths"])
         expected = predicted_accepted_length(accepted, depths, int(max(depths + [r["gamma"]])))
-        v_model = theory.v_at(v_by_tokens, r["nodes_per_round"] + 1)
+        v_model = v_at(v_by_tokens, r["nodes_per_round"] + 1)
         rows.append({"method": r["method"], "task": r["task"], "temperature": r["temperature"],
                      "mean accepted length": r["mean_accepted_length"], "predicted E[N]": expected,
                      "nodes per round": r["nodes_per_round"], "d (draft, steps)": r["draft_cost_per_round"],

@@ -34,7 +34,7 @@ from ..core.lm import use_dynamic_cache, use_static_cache
 from ..core.models import DTYPE_HELP, dtype_name, resolve_device, resolve_dtype
 from ..core.sampling import SamplingParams
 from . import theory
-from .bench import timed
+from ..core.timing import timed
 from .costs import measure
 
 GREEDY = SamplingParams(temperature=0)

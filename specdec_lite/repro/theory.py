@@ -130,13 +130,3 @@ def tree_speedup(expected: float, draft_cost: float, v: float) -> float:
     return float(expected / (draft_cost + v))
 
 
-def v_at(v_by_tokens: dict, tokens: float) -> float:
-    """v(n) interpolated from measured {tokens in one forward: cost over one decode step} (bench.forward_seconds),
-    linear between measured points and extrapolated from the last two, never downwards (a forward over more
-    tokens costs no less; timing noise can make the last measurement the smaller)."""
-    xs = np.array(sorted(v_by_tokens), dtype=float)
-    ys = np.array([v_by_tokens[x] for x in sorted(v_by_tokens)], dtype=float)
-    if tokens > xs[-1] and len(xs) >= 2:
-        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-        return float(ys[-1] + (tokens - xs[-1]) * slope)
-    return float(np.interp(tokens, xs, ys))

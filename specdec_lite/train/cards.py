@@ -147,3 +147,49 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None) -> st
         trainer.log, {"step": "step", "minutes": "minutes", "train_loss": "train loss",
                       **{k: k.replace("heldout_", "held-out ") for k in heldout}},
         evaluation)
+
+
+def eagle3_card(out_dir: Path, trainer, comparison) -> str:
+    """The EAGLE-3-style head's card; ``trainer`` is the ``train.eagle3.Eagle3Trainer`` that trained it and
+    ``comparison`` its held-out figures beside the first head's (``eagle3.compare_heads``)."""
+    out_dir, cfg, hc = Path(out_dir), trainer.cfg, trainer.head_cfg
+    size = (out_dir / "head.safetensors").stat().st_size / 1e6
+    replies = sum(len(t) - start for t, start in trainer.data.replies)
+    teacher = sum(len(c) for c in trainer.data.chunks)
+    minutes = trainer.loop.log[-1]["minutes"] if trainer.loop.log else 0.0
+    heldout = [k for k in (trainer.loop.log[-1] if trainer.loop.log else {}) if k.startswith("heldout_")]
+    return write_card(
+        out_dir, f"{out_dir.name}: an EAGLE-3-style head for {hc.target}",
+        "Trained by specdec_lite (`python -m specdec_lite.train.eagle3`) from the target alone, and shipped because "
+        "it beats the first EAGLE head on the same held-out replies (table at the end). The tree drafts "
+        "(`load_draft(\"auto\")`) use it; load it alone with `specdec_lite.load_pair(target, "
+        f"draft=\"{out_dir.name}\")`. It refuses any other target (weights fingerprint `{hc.target_fingerprint}`).",
+        f"EAGLE-3 (Li et al. 2025): the target's hidden states at layers {list(hc.feature_layers)} (low, middle, "
+        f"high) fused by a linear layer into width {hc.hidden_size}, then with the token embedding into one "
+        f"decoder layer ({hc.num_attention_heads} heads, MLP {hc.intermediate_size}); it predicts the next feature, "
+        f"read by an output layer over the {hc.sub_vocab_size} most frequent reply tokens (q is zero elsewhere; "
+        f"exact, since the verifier gets that q). {parameter_count(trainer.head) / 1e6:.2f} M trained parameters; "
+        f"`head.safetensors` (float16) {size:.1f} MB.",
+        f"{len(trainer.data.replies)} replies written by the target to offline prompts of the four tasks "
+        f"({replies} reply tokens within {cfg.max_len} tokens a row; `specdec_lite/train/corpus.py`) and "
+        f"{len(trainer.data.chunks)} chunks of teacher-forced text ({teacher} tokens: code, documentation and "
+        "translation catalogs shipped inside installed packages; `specdec_lite/train/teacher.py`). None of it "
+        f"overlaps the evaluation prompts. {len(cfg.heldout)} target-made replies are held out.",
+        f"{trainer.loop.step} AdamW steps of {cfg.batch_size} rows of {cfg.max_len} tokens ({cfg.teacher_share:.0%} "
+        f"teacher-forced text), peak lr {cfg.lr}, warm-up {cfg.warmup}, cosine over {cfg.steps} steps, "
+        f"{minutes:.0f} minutes of 2-core CPU in all. Training-time test: the head is unrolled {cfg.unroll} steps on "
+        "its own predictions; the loss is the mean over steps of the cross-entropy against the target's "
+        "distribution. Agreement: the head's most likely token is the target's; acceptance: the expected "
+        "acceptance of a token drawn from q at T = 1, sum_x min(p, q). Log (`training_log.jsonl`):",
+        trainer.loop.log, {"step": "step", "minutes": "minutes", "train_loss": "train loss",
+                           **{k: k.replace("heldout_", "held-out ") for k in heldout}},
+        evaluation=None) + _comparison(out_dir, comparison)
+
+
+def _comparison(out_dir: Path, comparison) -> str:
+    """Append the held-out comparison with the first head to the card in ``out_dir``; returns the added text."""
+    text = ("\n## Held-out: the first EAGLE head beside this one\n\nThe same held-out replies, the same function "
+            "(`specdec_lite.train.eagle3.compare_heads`).\n\n" + to_markdown(comparison.reset_index()) + "\n")
+    with open(Path(out_dir) / "README.md", "a") as f:
+        f.write(text)
+    return text

@@ -19,9 +19,11 @@ training config, so a run resumed later, in another process (``training_state.pt
 the same batches, even after the corpus has grown.
 
     python -m specdec_lite.train.eagle3 --minutes 90       # resumes: rerun to continue
+    python -m specdec_lite.train.eagle3 --publish          # ship it (data/drafts/) if it beats the first head
 
-The run lives in ``~/.cache/specdec_lite/training/smollm2-135m-eagle3`` (its training state is 70 MB); a head
-that beats the shipped one on the held-out records is copied to ``data/drafts/`` with its card.
+The run lives in the repository, ``data/training/smollm2-135m-eagle3`` (``training_dir``): its training state
+(70 MB: the head, AdamW's moments, the random states) is committed, so a fresh clone resumes it exactly. A head
+that beats the shipped one on the held-out records is copied to ``data/drafts/`` with its card (``--publish``).
 """
 from __future__ import annotations
 
@@ -29,22 +31,26 @@ import argparse
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from ..core.lm import selected_hidden
-from ..core.models import EMBEDDED_TARGET, load_model
-from ..drafts.heads import (EagleHead, HeadConfig, OutputLayer, build_head, fused_layers, head_config_for,
+from ..core.models import EMBEDDED_EAGLE, EMBEDDED_EAGLE3, EMBEDDED_TARGET, load_model
+from ..drafts.heads import (EagleHead, OutputLayer, build_head, fused_layers, head_config_for,
                             read_head, save_head)
-from ..paths import cache_dir, drafts_dir
+from ..paths import drafts_dir, repo_root
 from . import corpus, teacher
 from .batching import frequent_tokens, padded
 from .heads import soft_cross_entropy
-from .loop import CONFIG_FILE, LoopConfig, TrainingLoop, read_config, write_config
+from ..show import to_markdown
+from .cards import eagle3_card
+from .loop import (CONFIG_FILE, STATE_FILE, LoopConfig, TrainingLoop, copy_checkpoint, read_config,
+                   require_checkpoint, write_config)
 
 FIRST_HEAD_RECORDS = 2524  # target-made records the first EAGLE head trained on (its training_data.json)
 HELDOUT_EVERY = 20
 HELDOUT_RECORDS = 75
-NAME = "smollm2-135m-eagle3"
+NAME = EMBEDDED_EAGLE3
 
 
 @dataclass
@@ -223,14 +229,48 @@ class Eagle3Trainer:
 
 
 def training_dir() -> Path:
-    return cache_dir() / "training" / NAME
+    """The run's folder, inside the checkout so that it is committed and resumed by a later clone."""
+    return repo_root() / "data" / "training" / NAME
 
 
-def first_head_acceptance(target, trainer: Eagle3Trainer, name: str = "smollm2-135m-eagle") -> dict:
+def first_head_acceptance(target, trainer: Eagle3Trainer, name: str = EMBEDDED_EAGLE) -> dict:
     """The first EAGLE head's held-out metrics on the same records, through the same function."""
     head, cfg, vocab_ids = read_head(drafts_dir() / name)
     output = OutputLayer(target, cfg.vocab_size, vocab_ids)
-    return acceptance(head.eval(), target, output, trainer.data.heldout, (-1,), trainer.cfg.unroll)
+    layers = tuple(cfg.feature_layers) or (-1,)
+    return acceptance(head.eval(), target, output, trainer.data.heldout, layers, trainer.cfg.unroll)
+
+
+def compare_heads(target, trainer: Eagle3Trainer) -> pd.DataFrame:
+    """The first EAGLE head and this run's head on the same held-out records, through the same function: one row
+    each, the loss and per drafting step the greedy agreement and the T = 1 acceptance."""
+    trainer.head.eval()
+    rows = {f"{EMBEDDED_EAGLE} (first head)": first_head_acceptance(target, trainer),
+            f"{NAME} (step {trainer.loop.step})": trainer.loop.evaluate()}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("head")
+
+
+def is_better(comparison: pd.DataFrame) -> bool:
+    """Whether the second head of ``compare_heads`` beats the first at the first drafted token: a higher T = 1
+    acceptance, and a greedy agreement no lower."""
+    first, new = comparison.iloc[0], comparison.iloc[1]
+    return bool(new["heldout_acceptance_t1_step1"] > first["heldout_acceptance_t1_step1"]
+                and new["heldout_agreement_step1"] >= first["heldout_agreement_step1"])
+
+
+def publish(target, trainer: Eagle3Trainer) -> pd.DataFrame:
+    """Compare the run's head with the first one (``compare_heads``) and, when it is better (``is_better``), copy
+    it into the drafts folder with its card (the first head's figures beside its own); returns the comparison."""
+    comparison = compare_heads(target, trainer)
+    print(to_markdown(comparison.reset_index()))
+    if not is_better(comparison):
+        print(f"not published: the head at step {trainer.loop.step} does not beat {EMBEDDED_EAGLE} on the held-out "
+              "records; train on (rerun without --publish)")
+        return comparison
+    out_dir = copy_checkpoint(trainer.out_dir, drafts_dir() / NAME)
+    eagle3_card(out_dir, trainer, comparison)
+    print(f"published to {out_dir}: the tree drafts (load_draft('auto')) now use it")
+    return comparison
 
 
 def main(argv=None):
@@ -239,12 +279,19 @@ def main(argv=None):
     parser.add_argument("--minutes", type=float, default=None, help="stop (evaluated and saved) after this long")
     parser.add_argument("--steps", type=int, default=Eagle3TrainConfig.steps)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--publish", action="store_true",
+                        help="no training: compare the checkpoint with the first head and ship it if it is better")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     target, _ = load_model(EMBEDDED_TARGET)
-    trainer = Eagle3Trainer(target, EMBEDDED_TARGET, Eagle3TrainConfig(steps=args.steps),
-                            Path(args.out) if args.out else training_dir())
+    out_dir = Path(args.out) if args.out else training_dir()
+    if args.publish:
+        require_checkpoint(out_dir, [STATE_FILE, CONFIG_FILE], "EAGLE-3 training")
+    trainer = Eagle3Trainer(target, EMBEDDED_TARGET, Eagle3TrainConfig(steps=args.steps), out_dir)
+    if args.publish:
+        publish(target, trainer)
+        return
     trainer.run(args.minutes)
     print(trainer.loop.log[-1])
 
