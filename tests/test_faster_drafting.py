@@ -164,6 +164,14 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
             "hybrid dynamic tree"} <= set(drafts)
     dynamic = drafts["EAGLE dynamic tree"]  # measured once for both dynamic trees, on this machine
     assert drafts["hybrid dynamic tree"].head is dynamic and dynamic.costs["v"][1] == 1.0
+    from specdec_lite.repro.bench import named_draft
+
+    on_first = named_draft(f"hybrid-tree@{EMBEDDED_EAGLE}", model)  # the bench's tree draft on a named head
+    assert isinstance(on_first, HybridTreeDraft) and on_first.head.eagle.feature_layers == (-1,)
+    with pytest.raises(ValueError, match="only tree drafts"):
+        named_draft("n-gram@x", model)
+    with pytest.raises(ValueError, match="is not an EAGLE head trained for this target"):
+        named_draft("hybrid-tree@no-such-head", model)
     drafts, skipped = drafts_for_pair(other)
     assert "lookup tree" in drafts and "EAGLE adaptive / tree / hybrid" in skipped
 

@@ -187,11 +187,6 @@ def best_budget(confidences, draft_cost: float, verify_cost) -> tuple[int, float
     return n, speed[n]
 
 
-def node_budget(confidences, draft_cost: float, verify_cost) -> int:
-    """The N of ``best_budget``."""
-    return best_budget(confidences, draft_cost, verify_cost)[0]
-
-
 @dataclass
 class Candidate:
     token: int

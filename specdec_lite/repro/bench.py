@@ -1,7 +1,7 @@
 """Timing harness: every configuration of the target side by side in one run, against the fastest plain decoding.
 
     python -m specdec_lite.repro.bench [--prompts-per-task 2] [--max-new-tokens 96] [--temperatures 0 1]
-                                       [--drafts auto hybrid-dynamic] [--head smollm2-135m-eagle]
+                                       [--drafts auto hybrid-tree@smollm2-135m-eagle dynamic-tree] [--head H]
 
 Configurations: the target loaded as it is in each dtype the device computes natively (float32, plus bfloat16 or
 float16 where native), and in half precision also made batch-invariant (``load_model(batch_invariant=True)``,
@@ -48,8 +48,9 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
         gamma=4, seed=0, progress=True, drafts=("auto",), head: str | None = None) -> pd.DataFrame:
     """Every (configuration, method) on the same prompts, one row per run, with the speed over the fastest plain
     decoding of the whole run (columns baseline, speedup) and, within a configuration, over its own plain
-    decoding (speedup_same_config). ``drafts``: the speculative methods, by ``load_draft`` name; ``head``: the
-    EAGLE head the tree drafts use (``tree_draft``; by default the recommended one)."""
+    decoding (speedup_same_config). ``drafts``: the speculative methods, by ``load_draft`` name, a tree draft
+    also as ``name@head`` (on that EAGLE head); ``head``: the EAGLE head of the other tree drafts (``tree_draft``;
+    by default the recommended one)."""
     from .evaluate import time_prompts, transformers_methods
 
     device = resolve_device(device)
@@ -61,8 +62,7 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
         for label, model in configs.items():
             hf = {} if "batch-invariant" in label else {
                 "transformers prompt lookup": transformers_methods()["transformers prompt lookup"]}
-            speculative = {d: tree_draft(d, model, head) if d in TREE_DRAFTS else load_draft(d, model)
-                           for d in drafts}
+            speculative = {d: named_draft(d, model, head) for d in drafts}
             runs = time_prompts(model, tokenizer, speculative, prompts, gamma=gamma,
                                 max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=t), seed=seed,
                                 progress=progress, transformers={"transformers generate": {}, **hf})
@@ -73,6 +73,16 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     for (_, config), at in runs.groupby(["temperature", "configuration"]):
         runs.loc[at.index, "speedup_same_config"] = baseline.speedup_over(at, f"ours autoregressive, {config}")
     return runs
+
+
+def named_draft(name: str, model, head: str | None = None):
+    """A draft by ``load_draft`` name; a tree draft (``TREE_DRAFTS``) on ``head``, or on the head after an "@"."""
+    name, _, on = name.partition("@")
+    if name in TREE_DRAFTS:
+        return tree_draft(name, model, on or head)
+    if on:
+        raise ValueError(f"{name}@{on}: only tree drafts ({', '.join(TREE_DRAFTS)}) take a head after '@'")
+    return load_draft(name, model)
 
 
 def machine() -> str:
@@ -128,7 +138,8 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--drafts", nargs="+", default=["auto"], help="speculative methods, by load_draft name")
+    parser.add_argument("--drafts", nargs="+", default=["auto"],
+                        help="speculative methods, by load_draft name; a tree draft on a given head as name@head")
     parser.add_argument("--head", default=None, help="the EAGLE head of the tree drafts (default: the recommended)")
     parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV")
     args = parser.parse_args(argv)
