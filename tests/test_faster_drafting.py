@@ -131,9 +131,19 @@ def test_the_real_probe_makes_bfloat16_batch_invariant(embedded_bf16):
 
 
 def test_greedy_identity_in_bfloat16_ours_and_transformers(embedded_bf16):
-    """Same model, same dtype: our speculative output (every drafting kind, trees, dynamic trees and adaptive
-    included) == our autoregressive output == transformers' generate, on two evaluation prompts, 48 tokens."""
-    model, tokenizer = embedded_bf16
+    """Batch-invariant bfloat16: ``assert_greedy_identity``."""
+    assert_greedy_identity(*embedded_bf16)
+
+
+def test_greedy_identity_in_float32_ours_and_transformers(embedded):
+    """float32, on every CPU: ``assert_greedy_identity``."""
+    assert_greedy_identity(*embedded)
+
+
+def assert_greedy_identity(model, tokenizer):
+    """Same model, same dtype: our speculative output (every drafting kind, trees, dynamic trees, drawn trees and
+    adaptive included) == our autoregressive output == transformers' generate, on two evaluation prompts, 48
+    tokens."""
     drafts = {"auto": load_draft("auto", model), "eagle chain": load_draft(EMBEDDED_EAGLE, model),
               "eagle-adaptive": load_draft("eagle-adaptive", model), "n-gram": load_draft("n-gram", model),
               "dynamic-tree": load_draft("dynamic-tree", model), "hybrid-dynamic": load_draft("hybrid-dynamic", model),
