@@ -102,8 +102,9 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
     target steps, beside the measured one."""
     rows = []
     for (t, config, method), g in runs.groupby(["temperature", "configuration", "method"], sort=False):
-        tau = g.new_tokens.sum() / g.rounds.sum() if g.kind.iloc[0] == "speculative" else float("nan")
-        model = tau / (g.draft_cost_per_round.median() + g.v.median()) if "v" in g else float("nan")
+        speculative = g.kind.iloc[0] == "speculative"
+        tau = g.new_tokens.sum() / g.rounds.sum() if speculative else float("nan")
+        model = tau / (g.draft_cost_per_round.median() + g.v.median()) if speculative else float("nan")
         rows.append({"temperature": t, "configuration": config, "method": method.rsplit(", ", 1)[0],
                      "ms/token": 1000 * (g.seconds / g.new_tokens).median(), "speed vs baseline": g.speedup.median(),
                      "speed vs same configuration": g.speedup_same_config.median(),
