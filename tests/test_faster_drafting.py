@@ -239,3 +239,26 @@ def test_speed_goals_table():
     assert goals.loc["temperature 1 geometric mean", "measured"] == 1.6 and goals.loc["temperature 1 geometric mean", "met"]
     assert goals.loc["over transformers prompt lookup (greedy)", "measured"] == pytest.approx(1.8226 / 1.0719)
     assert set(goals.baseline) == {"autoregressive, float32"}
+
+def test_progression_pairs_each_step_with_measurement_and_cost_model():
+    overall = pd.DataFrame([
+        {"method": "EAGLE tree", "temperature": 0.0, "mean_accepted_length": 2.0, "speedup_geomean_tasks": 1.1},
+        {"method": "EAGLE dynamic tree", "temperature": 0.0, "mean_accepted_length": 2.5, "speedup_geomean_tasks": 1.3},
+        {"method": "hybrid tree (auto)", "temperature": 0.0, "mean_accepted_length": 2.6, "speedup_geomean_tasks": 1.4},
+        {"method": "EAGLE tree", "temperature": 1.0, "mean_accepted_length": 1.4, "speedup_geomean_tasks": 0.9}])
+    summary = overall.assign(task="overall (median)")
+    # the cost model's per-task predictions: geometric mean of 1.0 and 1.44 is 1.2
+    model = pd.DataFrame([{"method": "EAGLE tree", "task": task, "temperature": 0.0, "predicted speedup": p}
+                          for task, p in (("code", 1.0), ("dialogue", 1.44))])
+    table = evaluate.progression(summary, model).set_index(["step", "role"])
+    fixed_dynamic = "tree shape: fixed -> dynamic (head only)"
+    assert table.loc[(fixed_dynamic, "before"), "cost model (geomean over tasks)"] == pytest.approx(1.2)
+    assert table.loc[(fixed_dynamic, "after"), "tau"] == 2.5
+    assert table.loc[(fixed_dynamic, "after"), "speedup (geomean over tasks)"] == 1.3
+    hybrid = table.loc[("tree shape: fixed -> dynamic (with lookup branches)", "before")]
+    assert hybrid["tau"] == 2.6  # the recommended drafting's "(auto)" mark does not hide it
+    drawn = table.loc[("drafts at T=1: chosen -> drawn from q", "before")]
+    assert drawn["tau"] == 1.4 and drawn["temperature"] == 1.0  # the T=1 row, not the greedy one
+    heads = table.loc["the head: first EAGLE head -> EAGLE-3-style head (chains)"]
+    assert heads["tau"].isna().all()  # neither head measured: rows kept, values nan
+    assert len(table) == 2 * len(evaluate.PROGRESSION)

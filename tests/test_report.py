@@ -142,7 +142,10 @@ def test_speed_section_lists_every_method_the_goals_and_the_cost_model(tmp_path)
         tmp_path / report.GOALS_CSV, index=False)
     pd.DataFrame([{"method": "hybrid tree (auto)", "task": "code", "temperature": 0.0, "speedup": 1.8,
                    "predicted speedup": 1.7}]).to_csv(tmp_path / report.COST_MODEL_CSV, index=False)
+    pd.DataFrame([{"step": "tree shape: fixed -> dynamic", "temperature": 1.0, "role": "after", "method": "dynamic",
+                   "tau": 2.5}]).to_csv(tmp_path / report.PROGRESSION_CSV, index=False)
     text = report.speed_section(tmp_path)
+    assert "| tree shape: fixed -> dynamic | 1.00 | after | dynamic | 2.50 |" in text  # every temperature kept
     assert "| hybrid tree (auto) | 1.47 | 1.47 | 1.20 | 1.20 |" in text  # geomean of 1.8 and 1.2, slowest 1.2
     assert "| transformers prompt lookup | 0.99 |" in text and "run in bfloat16" in text
     assert "the fastest plain decoding measured in the same run (autoregressive, float32)" in text

@@ -332,6 +332,41 @@ def speed_goals(summary: pd.DataFrame, method: str) -> pd.DataFrame:
     return table.drop(columns="threshold").assign(method=method, baseline=", ".join(summary["baseline"].unique()))
 
 
+# The steps of drafting's progression shown in 03: (step, before, after, temperature), methods by their labels in
+# ``drafts_for_pair`` (the recommended one's " (auto)" mark ignored).
+PROGRESSION = (("the head: first EAGLE head -> EAGLE-3-style head (chains)", "EAGLE head", "EAGLE-3 head", 0.0),
+               ("tree shape: fixed -> dynamic (head only)", "EAGLE tree", "EAGLE dynamic tree", 0.0),
+               ("tree shape: fixed -> dynamic (with lookup branches)", "hybrid tree", "hybrid dynamic tree", 0.0),
+               ("drafts at T=1: chosen -> drawn from q", "EAGLE tree", "EAGLE tree drawn", 1.0))
+
+
+def progression(summary: pd.DataFrame, model_table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (``PROGRESSION`` step, method): the overall median accepted length (tau), the geometric mean
+    over tasks of the measured speedup (from ``summarize``) and of the cost model's predicted speedup (from
+    ``cost_model``) at the step's temperature. A method not measured in this run keeps its row, with nan."""
+    def geo(values):
+        values = values.dropna()
+        return math.exp(np.log(values).mean()) if len(values) else float("nan")
+
+    def label(frame):
+        return frame["method"].str.removesuffix(" (auto)")
+
+    def first(values):
+        return values.iloc[0] if len(values) else float("nan")
+
+    rows = []
+    for step, before, after, t in PROGRESSION:
+        measured = summary[(summary.temperature == t) & (summary.task == "overall (median)")]
+        model = model_table[model_table.temperature == t]
+        for role, method in (("before", before), ("after", after)):
+            row = measured[label(measured) == method]
+            rows.append({"step": step, "temperature": t, "role": role, "method": method,
+                         "tau": first(row.mean_accepted_length),
+                         "speedup (geomean over tasks)": first(row.speedup_geomean_tasks),
+                         "cost model (geomean over tasks)": geo(model[label(model) == method]["predicted speedup"])})
+    return pd.DataFrame(rows)
+
+
 def method_by_task(greedy: pd.DataFrame, method: str, column: str) -> pd.Series:
     """One method's ``column`` per task, in the article's task order (nan for a task not measured)."""
     return greedy[greedy.method == method].set_index("task")[column].reindex(ARTICLE_003.task)

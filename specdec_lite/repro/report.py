@@ -31,7 +31,8 @@ RESULTS_DOC = Path("docs") / "RESULTS.md"  # relative to the repository root
 NOT_MEASURED = "not measured yet"
 VERDICT_NOT_MEASURED = "not measured yet"
 SUMMARY_CSV, RUNS_CSV, CLAIMS_CSV = "task_acceptance_summary.csv", "task_acceptance_runs.csv", "claims.csv"
-GOALS_CSV, COST_MODEL_CSV = "speed_goals.csv", "cost_model.csv"  # written by 03_task_acceptance
+# written by 03_task_acceptance
+GOALS_CSV, COST_MODEL_CSV, PROGRESSION_CSV = "speed_goals.csv", "cost_model.csv", "drafting_progression.csv"
 ENDPOINT_RUNS_CSV = "endpoints_runs.csv"  # written by 05_endpoints: every request with its text (its table is shown)
 OVERALL = "overall (median)"
 
@@ -61,6 +62,9 @@ FIGURES = [
            REAL_MODELS),
     Figure("cost_model.png", "03_task_acceptance", "the cost model's predicted speedup (E[N] from acceptance per "
            "depth, draft cost, v(nodes)) against the measured one, per drafting method and task", REAL_MODELS),
+    Figure("drafting_progression.png", "03_task_acceptance", "drafting's progression: the first head against the "
+           "EAGLE-3-style one, fixed against dynamic trees, chosen against drawn drafts at T=1; measured speedup "
+           "beside the cost model's", REAL_MODELS),
     Figure("endpoints.png", "05_endpoints", "OpenAI-compatible servers, plain and speculative: end-to-end latency, "
            "speedup over the plain server of each kind and acceptance from the servers' counters, per task",
            REAL_MODELS),
@@ -336,11 +340,13 @@ def speed_section(results_dir: Path) -> str:
               "Geometric mean over tasks of the per-task median, and the slowest task:", "",
               to_markdown(table.sort_values(table.columns[0], ascending=False).reset_index(), digits=2), ""]
     for name, title in ((GOALS_CSV, "The speed goals, for the recommended drafting"),
+                        (PROGRESSION_CSV, "Drafting's progression, step by step: tau, the measured speedup and the "
+                                          "cost model's"),
                         (COST_MODEL_CSV, "The cost model, greedy: predicted E[N] and speedup beside the measured ones")):
         path = Path(results_dir) / name
         if path.exists():
             frame = pd.read_csv(path)
-            if "temperature" in frame:
+            if name == COST_MODEL_CSV:
                 frame = frame[frame.temperature == 0].drop(columns="temperature")
             frame = frame.drop(columns=[c for c in ("target", "draft", "dtype") if c in frame])
             lines += [f"{title}:", "", to_markdown(frame, digits=2), ""]
@@ -349,7 +355,7 @@ def speed_section(results_dir: Path) -> str:
 
 def other_results(results_dir: Path) -> str:
     """Any other CSV in the results folder, as a table (the first rows of long ones)."""
-    known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV, GOALS_CSV, COST_MODEL_CSV, ENDPOINT_RUNS_CSV}
+    known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV, GOALS_CSV, COST_MODEL_CSV, PROGRESSION_CSV, ENDPOINT_RUNS_CSV}
     others = [p for p in sorted(Path(results_dir).glob("*.csv"))
               if p.name not in known and not p.name.startswith("claims_")]
     lines = ["## Other measurements", ""]
