@@ -92,7 +92,8 @@ def test_the_bench_table_gives_medians_speeds_and_greedy_identity_per_configurat
         for config, method, seconds, same, diverge in (("float32", "ours autoregressive", plain32, True, math.nan),
                                                        ("bfloat16", "ours autoregressive", plain16, True, math.nan),
                                                        ("bfloat16", "auto", auto16, pid == "a", 40.0)):
-            rows.append({"id": pid, "temperature": 0.0, "configuration": config, "method": f"{method}, {config}",
+            rows.append({"id": pid, "task": "translation" if pid == "c" else "code", "temperature": 0.0,
+                         "configuration": config, "method": f"{method}, {config}",
                          "seconds": seconds, "new_tokens": 100, "plain": method != "auto",
                          "same_as_baseline": same, "first_divergence": math.nan if same else diverge,
                          "speedup_same_config": (plain16 if config == "bfloat16" else plain32) / seconds,
@@ -104,6 +105,9 @@ def test_the_bench_table_gives_medians_speeds_and_greedy_identity_per_configurat
     auto = table.loc[("bfloat16", "auto")]
     assert auto["ms/token"] == pytest.approx(12.0) and auto["speed vs baseline"] == pytest.approx(2.0)  # 2.4/1.2
     assert auto["greedy identical"] == "1/3" and auto["first divergence (median)"] == 40.0
+    # per task: code, the median of 2.2/2.0 and 2.0/1.0 = 1.55; translation 2.4/1.2 = 2.0
+    assert auto["slowest task"] == pytest.approx(1.55)
+    assert auto["geomean over tasks"] == pytest.approx(math.sqrt(1.55 * 2.0))
     assert auto["tau"] == pytest.approx(300 / 115)  # tokens over rounds, the three runs pooled
     assert auto["cost model vs same configuration"] == pytest.approx(300 / 115 / (0.5 + 1.5))
     assert math.isnan(table.loc[("float32", "ours autoregressive"), "tau"])

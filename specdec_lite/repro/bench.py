@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -99,7 +100,8 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
     outputs identical to plain decoding of the same configuration, of how many, and the median position where the
     others first differ. For speculative methods also tau (tokens per round, all runs pooled) and the cost model's
     speedup over plain decoding, tau / (d + v), from the run's own per-round drafting and verification costs in
-    target steps, beside the measured one."""
+    target steps, beside the measured one. The speed over the baseline is also given per task (the median over
+    the task's prompts): their geometric mean and the slowest task."""
     rows = []
     for (t, config, method), g in runs.groupby(["temperature", "configuration", "method"], sort=False):
         speculative = g.kind.iloc[0] == "speculative"
@@ -107,12 +109,19 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
         model = tau / (g.draft_cost_per_round.median() + g.v.median()) if speculative else float("nan")
         rows.append({"temperature": t, "configuration": config, "method": method.rsplit(", ", 1)[0],
                      "ms/token": 1000 * (g.seconds / g.new_tokens).median(), "speed vs baseline": g.speedup.median(),
+                     **over_tasks(g),
                      "speed vs same configuration": g.speedup_same_config.median(),
                      "tau": tau, "cost model vs same configuration": model,
                      "greedy identical": f"{int(g.same_as_baseline.sum())}/{len(g)}" if t == 0 else "",
                      "first divergence (median)": g.first_divergence.median() if t == 0 else float("nan"),
                      "baseline": g.baseline.iloc[0]})
     return pd.DataFrame(rows)
+
+
+def over_tasks(runs: pd.DataFrame) -> dict:
+    """The geometric mean over tasks of the per-task median speed over the baseline, and the slowest task's."""
+    per_task = runs.groupby("task").speedup.median()
+    return {"geomean over tasks": float(np.exp(np.log(per_task).mean())), "slowest task": per_task.min()}
 
 
 def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5, clock=None) -> float:
