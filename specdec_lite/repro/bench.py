@@ -19,7 +19,6 @@ import argparse
 import statistics
 import time
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -27,6 +26,7 @@ from ..core.models import EMBEDDED_TARGET, cpu_flags, cpuinfo, dtype_name, load_
 from ..core.sampling import SamplingParams
 from ..drafts.loading import TREE_DRAFTS, load_draft, tree_draft
 from . import baseline
+from .theory import geometric_mean
 from .tasks import TASKS, load_prompts
 
 
@@ -121,7 +121,7 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
 def over_tasks(runs: pd.DataFrame) -> dict:
     """The geometric mean over tasks of the per-task median speed over the baseline, and the slowest task's."""
     per_task = runs.groupby("task").speedup.median()
-    return {"geomean over tasks": float(np.exp(np.log(per_task).mean())), "slowest task": per_task.min()}
+    return {"geomean over tasks": geometric_mean(per_task), "slowest task": per_task.min()}
 
 
 def memory_bandwidth_gbs(megabytes: int = 512, repeats: int = 5, clock=None) -> float:

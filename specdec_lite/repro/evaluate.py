@@ -14,7 +14,6 @@ Summaries are medians over prompts per task, and the geometric mean of the per-t
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from ..core.timing import v_at
 from ..drafts.loading import load_draft
 from ..paths import prompts_dir
 from . import baseline
+from .theory import geometric_mean
 from ..show import to_markdown
 from .tasks import chat_ids, first_per_task, load_prompts
 
@@ -257,7 +257,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             if c in spec]
     per_task = spec.groupby(["method", "kind", "task"])[cols].median().reset_index()
     overall = spec.groupby(["method", "kind"])[cols].median().reset_index().assign(task="overall (median)")
-    geo = per_task.groupby("method")["speedup"].apply(lambda s: math.exp(np.log(s).mean()))
+    geo = per_task.groupby("method")["speedup"].apply(geometric_mean)
     overall["speedup_geomean_tasks"] = overall["method"].map(geo)
     return pd.concat([per_task, overall], ignore_index=True).assign(baseline=", ".join(df["baseline"].unique()))
 
@@ -344,10 +344,6 @@ def progression(summary: pd.DataFrame, model_table: pd.DataFrame) -> pd.DataFram
     """One row per (``PROGRESSION`` step, method): the overall median accepted length (tau), the geometric mean
     over tasks of the measured speedup (from ``summarize``) and of the cost model's predicted speedup (from
     ``cost_model``) at the step's temperature. A method not measured in this run keeps its row, with nan."""
-    def geo(values):
-        values = values.dropna()
-        return math.exp(np.log(values).mean()) if len(values) else float("nan")
-
     def label(frame):
         return frame["method"].str.removesuffix(" (auto)")
 
@@ -363,7 +359,7 @@ def progression(summary: pd.DataFrame, model_table: pd.DataFrame) -> pd.DataFram
             rows.append({"step": step, "temperature": t, "role": role, "method": method,
                          "tau": first(row.mean_accepted_length),
                          "speedup (geomean over tasks)": first(row.speedup_geomean_tasks),
-                         "cost model (geomean over tasks)": geo(model[label(model) == method]["predicted speedup"])})
+                         "cost model (geomean over tasks)": geometric_mean(model[label(model) == method]["predicted speedup"].dropna())})
     return pd.DataFrame(rows)
 
 

@@ -17,7 +17,6 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from .. import paths
@@ -26,6 +25,7 @@ from ..show import to_markdown
 from . import claims as claims_mod
 from . import theory
 from .tasks import TASKS
+from .theory import geometric_mean
 
 RESULTS_DOC = Path("docs") / "RESULTS.md"  # relative to the repository root
 NOT_MEASURED = "not measured yet"
@@ -332,7 +332,7 @@ def speed_section(results_dir: Path) -> str:
     summary = pd.read_csv(summary_path)
     per_task = summary[summary.task != "overall (median)"]
     table = per_task.groupby(["method", "temperature"]).speedup.agg(
-        geomean=lambda v: float(np.exp(np.log(v).mean())), slowest_task="min").reset_index()
+        geomean=geometric_mean, slowest_task="min").reset_index()
     table = table.pivot(index="method", columns="temperature", values=["geomean", "slowest_task"])
     table.columns = [f"{stat} (T={t:g})" for stat, t in table.columns]
     lines += [f"Speedup over {_baseline_words(summary)}, same prompts and tokens; the methods run in "

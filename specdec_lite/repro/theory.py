@@ -130,3 +130,7 @@ def tree_speedup(expected: float, draft_cost: float, v: float) -> float:
     return float(expected / (draft_cost + v))
 
 
+def geometric_mean(values) -> float:
+    """The geometric mean of positive ``values`` (speedups over tasks); nan when there are none."""
+    values = np.asarray(values, dtype=float)
+    return float(np.exp(np.log(values).mean())) if len(values) else float("nan")
