@@ -30,6 +30,7 @@ LAB_SETTINGS = {  # the test's own JupyterLab settings: every cell in the page, 
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
 }
+CURRENT = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook in front: a page may hold others, hidden
 STDERR = '[data-mime-type="application/vnd.jupyter.stderr"]'
 WIDGET = '[data-mime-type="application/vnd.jupyter.widget-view+json"]'  # a saved notebook shows these as placeholders
 
@@ -126,18 +127,34 @@ def wait_for(condition, seconds: float, what: str):
 
 
 def open_in_lab(browser, url: str, relative: str):
-    """Open ``relative`` (from the repository root) in JupyterLab and wait until its kernel is idle."""
+    """Open ``relative`` (from the repository root) in a workspace of its own, so that no notebook opened before
+    is restored beside it, and wait until it is in front with its cells and its kernel is idle."""
     from selenium.webdriver.common.by import By
 
-    browser.get(f"{url}/lab/tree/{relative}?reset&token={TOKEN}")
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell"), 90, f"{relative} to open")
-    wait_for(lambda: kernel_status(browser) == "idle", 120, f"the kernel of {relative}")
+    name = Path(relative).name
+    browser.get(f"{url}/lab/workspaces/{Path(relative).stem}/tree/{relative}?reset&token={TOKEN}")
+    wait_for(lambda: current_tab(browser) == name and browser.find_elements(By.CSS_SELECTOR, f"{CURRENT} .jp-Cell"),
+             90, f"{relative} to open")
+    seen = []
+    try:
+        wait_for(lambda: seen.append(kernel_status(browser)) or seen[-1] == "idle", 120, f"the kernel of {relative}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; kernel states seen: {sorted(set(seen))}, tab in front: "
+                             f"{current_tab(browser)!r}") from None
+
+
+def current_tab(browser) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = browser.find_elements(By.CSS_SELECTOR, ".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current "
+                                                   ".lm-TabBar-tabLabel")
+    return found[0].text if found else ""
 
 
 def kernel_status(browser) -> str:
     from selenium.webdriver.common.by import By
 
-    found = browser.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Notebook-ExecutionIndicator")
+    found = browser.find_elements(By.CSS_SELECTOR, f"{CURRENT} .jp-Notebook-ExecutionIndicator")
     return found[0].get_attribute("data-status") if found else ""
 
 
@@ -153,7 +170,7 @@ def page_state(browser) -> dict:
     """What the open notebook shows: kernel name, images (and how many drew), error and stderr outputs, widget
     outputs, whether its tab carries the modified mark, the input prompts."""
     return browser.execute_script(f"""
-        const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+        const panel = document.querySelector('{CURRENT}');
         const images = [...panel.querySelectorAll('.jp-RenderedImage img')];
         const tab = document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current');
         const kernel = panel.querySelector('[data-jp-item-name="kernelName"]');
@@ -185,10 +202,12 @@ def test_lab_opens_at_the_repository_root(lab, browser):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_every_notebook_opens_as_it_was_saved(lab, browser, path):
-    open_in_lab(browser, lab, f"notebooks/{path.name}")
-    time.sleep(2)  # anything that would mark the notebook modified has happened by now
-    state = page_state(browser)
-    shut_down_kernels(lab)
+    try:
+        open_in_lab(browser, lab, f"notebooks/{path.name}")
+        time.sleep(2)  # anything that would mark the notebook modified has happened by now
+        state = page_state(browser)
+    finally:
+        shut_down_kernels(lab)  # a failure here leaves no kernel behind for the next notebook
     assert state["kernel"] == sweep.KERNEL_DISPLAY_NAME, state
     assert state["images"] == stored_images(path) and state["drawn"] == state["images"], state
     assert not state["stderr"] and not state["widgets"], state
@@ -221,7 +240,7 @@ def test_a_smoke_notebook_runs_to_its_end_through_the_menus(lab, browser):
 
     state = wait_for(finished, 600, f"{SMOKE_NOTEBOOK} to run to its end")
     seconds = time.monotonic() - start
-    last = browser.find_elements(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-CodeCell")[-1]
+    last = browser.find_elements(By.CSS_SELECTOR, f"{CURRENT} .jp-CodeCell")[-1]
     browser.execute_script("arguments[0].scrollIntoView(false);", last)
     time.sleep(1)
     browser.save_screenshot(str(SHOTS / f"{SMOKE_NOTEBOOK}_smoke_end.png"))
@@ -230,7 +249,7 @@ def test_a_smoke_notebook_runs_to_its_end_through_the_menus(lab, browser):
           f"{SHOTS.relative_to(ROOT)}/")
     assert "C22" in last.text and "C1" in last.text and state["drawn"] == state["images"] > 0, last.text
     assert not state["widgets"], "progress shown as widgets: a saved notebook would show placeholders"
-    assert "smoke: True (SPECDEC_SMOKE=1)" in browser.find_element(By.CSS_SELECTOR, ".jp-NotebookPanel").text
+    assert "smoke: True (SPECDEC_SMOKE=1)" in browser.find_element(By.CSS_SELECTOR, CURRENT).text
 
 
 def click_menu(browser, menu: str, command: str) -> None:
