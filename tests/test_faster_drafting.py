@@ -164,6 +164,7 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     model, _ = embedded
     auto = load_draft("auto", model)
     assert isinstance(auto, HybridTreeDraft) and auto.head.adaptive is not None and auto.head.width == 2
+    assert auto.head.eagle.feature_layers == (-1,)  # the first head: the trees draft more on it than on EAGLE-3's
     assert isinstance(load_draft("eagle-tree", model), EagleTreeDraft)
     other, _ = sd.load_model(str(local_pairs / "tiny-4l"), dtype="float32")
     assert isinstance(load_draft("auto", other), LookupTreeDraft)  # no head for it: lookup trees

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from ..core.lm import model_device, static_state, tokenizer_of
-from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_EAGLE3, EMBEDDED_TARGET, check_model_name, load_model,
+from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_TARGET, check_model_name, load_model,
                            resolve_name)
 from ..core.tokenizers import check_tokenizers
 from ..paths import drafts_dir, is_head_dir
@@ -75,10 +75,12 @@ def tree_draft(name: str, target, head: str | None = None):
 
 
 def recommended_eagle(eagle_names: list[str]) -> str:
-    """The EAGLE head the tree drafts use when none is named: for the embedded target its EAGLE-3-style head where
-    it is shipped (``EMBEDDED_EAGLE3``: shipped only when it beats the first), else its first (``EMBEDDED_EAGLE``);
-    for another target the first of ``eagle_names``."""
-    return next((n for n in (EMBEDDED_EAGLE3, EMBEDDED_EAGLE) if n in eagle_names), eagle_names[0])
+    """The EAGLE head the tree drafts use when none is named: for the embedded target its first head
+    (``EMBEDDED_EAGLE``), for another target the first of ``eagle_names``. The EAGLE-3-style head
+    (``EMBEDDED_EAGLE3``) agrees with the target more often on held-out training replies, but the trees draft
+    fewer tokens a round on it on prompts outside the benchmark's (docs/SPEED.md, "Which head the trees use"), so
+    it is used only when named."""
+    return EMBEDDED_EAGLE if EMBEDDED_EAGLE in eagle_names else eagle_names[0]
 
 
 def head_tree_drafts(eagle: EagleDraft, target=None) -> dict:
