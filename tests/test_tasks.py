@@ -70,3 +70,12 @@ def test_training_prompts_do_not_leak_into_evaluation_prompts():
 def test_first_per_task_keeps_file_order():
     prompts = [{"id": str(i), "task": t, "prompt": "x"} for i, t in enumerate("aabbbab")]
     assert [p["id"] for p in tasks.first_per_task(prompts, 2)] == ["0", "1", "2", "3"]
+    assert [p["id"] for p in tasks.first_per_task(prompts, 2, skip=1)] == ["1", "5", "3", "4"]
+    assert [p["id"] for p in tasks.first_per_task(prompts, 2, skip=3)] == ["6"]  # only b has a fourth
+
+
+def test_prompts_outside_the_benchmarks_are_the_next_of_each_task():
+    benchmark = tasks.load_prompts(tasks=tasks.TASKS, per_task=5)
+    others = tasks.load_prompts(tasks=tasks.TASKS, per_task=5, skip_per_task=5)
+    assert len(others) == 20 and not {p["id"] for p in benchmark} & {p["id"] for p in others}
+    assert [p["task"] for p in others] == [p["task"] for p in benchmark]

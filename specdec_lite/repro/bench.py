@@ -2,6 +2,7 @@
 
     python -m specdec_lite.repro.bench [--prompts-per-task 2] [--max-new-tokens 96] [--temperatures 0 1]
                                        [--drafts auto hybrid-tree@smollm2-135m-eagle dynamic-tree] [--head H]
+                                       [--skip-per-task 5]  (prompts outside 03's benchmark)
 
 Configurations: the target loaded as it is in each dtype the device computes natively (float32, plus bfloat16 or
 float16 where native), and in half precision also made batch-invariant (``load_model(batch_invariant=True)``,
@@ -46,18 +47,20 @@ def configurations(name: str, device) -> dict:
 
 
 def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),
-        gamma=4, seed=0, progress=True, drafts=("auto",), head: str | None = None) -> pd.DataFrame:
+        gamma=4, seed=0, progress=True, drafts=("auto",), head: str | None = None,
+        skip_per_task: int = 0) -> pd.DataFrame:
     """Every (configuration, method) on the same prompts, one row per run, with the speed over the fastest plain
     decoding of the whole run (columns baseline, speedup) and, within a configuration, over its own plain
     decoding (speedup_same_config). ``drafts``: the speculative methods, by ``load_draft`` name, a tree draft
     also as ``name@head`` (on that EAGLE head); ``head``: the EAGLE head of the other tree drafts (``tree_draft``;
-    by default the recommended one)."""
+    by default the recommended one); ``skip_per_task``: leave out the first prompts of each task (5: those of the
+    benchmark in 03_task_acceptance, to choose settings on other prompts)."""
     from .evaluate import time_prompts, transformers_methods
 
     device = resolve_device(device)
     configs = configurations(name, device)
     tokenizer = load_model(name, device, "float32")[1]
-    prompts = load_prompts(tasks=TASKS, per_task=prompts_per_task)
+    prompts = load_prompts(tasks=TASKS, per_task=prompts_per_task, skip_per_task=skip_per_task)
     frames = []
     for t in temperatures:
         for label, model in configs.items():
@@ -145,6 +148,8 @@ def main(argv=None):
     parser.add_argument("--target", default=EMBEDDED_TARGET)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--prompts-per-task", type=int, default=2)
+    parser.add_argument("--skip-per-task", type=int, default=0,
+                        help="leave out the first prompts of each task (5: those of 03's benchmark)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--gamma", type=int, default=4)
@@ -155,7 +160,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     start = time.perf_counter()
     runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma,
-               drafts=args.drafts, head=args.head)
+               drafts=args.drafts, head=args.head, skip_per_task=args.skip_per_task)
     summary, where = table(runs), machine()
     if args.out:
         summary.assign(machine=where, prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(

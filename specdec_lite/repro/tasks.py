@@ -17,9 +17,11 @@ TASKS = ("code", "summarization", "dialogue", "translation")
 REQUIRED = ("id", "task", "prompt")
 
 
-def load_prompts(path: str | Path | None = None, tasks=None, per_task: int | None = None) -> list[dict]:
+def load_prompts(path: str | Path | None = None, tasks=None, per_task: int | None = None,
+                 skip_per_task: int = 0) -> list[dict]:
     """Prompts from a JSONL file or a folder of them; validated, ids unique. ``tasks``: the tasks the caller knows;
-    a file with no prompts, or with a task outside them, is refused. ``per_task``: the first n of each task."""
+    a file with no prompts, or with a task outside them, is refused. ``per_task``: the first n of each task after
+    the first ``skip_per_task`` (which leaves out, say, a benchmark's prompts)."""
     path = Path(path) if path is not None else prompts_dir()
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files or not all(f.exists() for f in files):
@@ -48,7 +50,7 @@ def load_prompts(path: str | Path | None = None, tasks=None, per_task: int | Non
         if unknown:
             raise ValueError(f"{path} has prompts for tasks {unknown}, which this notebook does not know; "
                              f"use the tasks {list(tasks)} (the 'task' field of each line)")
-    return records if per_task is None else first_per_task(records, per_task)
+    return records if per_task is None else first_per_task(records, per_task, skip_per_task)
 
 
 def by_task(prompts: list[dict]) -> dict[str, list[dict]]:
@@ -59,9 +61,9 @@ def by_task(prompts: list[dict]) -> dict[str, list[dict]]:
     return grouped
 
 
-def first_per_task(prompts: list[dict], n: int) -> list[dict]:
-    """The first ``n`` prompts of each task, tasks in order of first appearance."""
-    return [p for chosen in by_task(prompts).values() for p in chosen[:n]]
+def first_per_task(prompts: list[dict], n: int, skip: int = 0) -> list[dict]:
+    """The first ``n`` prompts of each task after its first ``skip``, tasks in order of first appearance."""
+    return [p for chosen in by_task(prompts).values() for p in chosen[skip:skip + n]]
 
 
 def chat_ids(tokenizer, text: str | list, device="cpu") -> torch.Tensor:
