@@ -31,6 +31,7 @@ LAB_SETTINGS = {  # the test's own JupyterLab settings: every cell in the page, 
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
 }
 CURRENT = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook in front: a page may hold others, hidden
+CURRENT_TAB = ".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current"
 STDERR = '[data-mime-type="application/vnd.jupyter.stderr"]'
 WIDGET = '[data-mime-type="application/vnd.jupyter.widget-view+json"]'  # a saved notebook shows these as placeholders
 
@@ -135,19 +136,17 @@ def open_in_lab(browser, url: str, relative: str):
     browser.get(f"{url}/lab/workspaces/{Path(relative).stem}/tree/{relative}?reset&token={TOKEN}")
     wait_for(lambda: current_tab(browser) == name and browser.find_elements(By.CSS_SELECTOR, f"{CURRENT} .jp-Cell"),
              90, f"{relative} to open")
-    seen = []
     try:
-        wait_for(lambda: seen.append(kernel_status(browser)) or seen[-1] == "idle", 120, f"the kernel of {relative}")
+        wait_for(lambda: kernel_status(browser) == "idle", 120, f"the kernel of {relative}")
     except AssertionError as error:
-        raise AssertionError(f"{error}; kernel states seen: {sorted(set(seen))}, tab in front: "
+        raise AssertionError(f"{error}; its kernel shows {kernel_status(browser)!r}, the tab in front is "
                              f"{current_tab(browser)!r}") from None
 
 
 def current_tab(browser) -> str:
     from selenium.webdriver.common.by import By
 
-    found = browser.find_elements(By.CSS_SELECTOR, ".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current "
-                                                   ".lm-TabBar-tabLabel")
+    found = browser.find_elements(By.CSS_SELECTOR, f"{CURRENT_TAB} .lm-TabBar-tabLabel")
     return found[0].text if found else ""
 
 
@@ -172,7 +171,7 @@ def page_state(browser) -> dict:
     return browser.execute_script(f"""
         const panel = document.querySelector('{CURRENT}');
         const images = [...panel.querySelectorAll('.jp-RenderedImage img')];
-        const tab = document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current');
+        const tab = document.querySelector('{CURRENT_TAB}');
         const kernel = panel.querySelector('[data-jp-item-name="kernelName"]');
         return {{
             kernel: kernel ? kernel.textContent.trim() : '',

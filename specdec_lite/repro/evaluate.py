@@ -347,6 +347,9 @@ def progression(summary: pd.DataFrame, model_table: pd.DataFrame) -> pd.DataFram
     def label(frame):
         return frame["method"].str.removesuffix(" (auto)")
 
+    def predicted(model, method):
+        return geometric_mean(model[label(model) == method]["predicted speedup"].dropna())
+
     def first(values):
         return values.iloc[0] if len(values) else float("nan")
 
@@ -359,7 +362,7 @@ def progression(summary: pd.DataFrame, model_table: pd.DataFrame) -> pd.DataFram
             rows.append({"step": step, "temperature": t, "role": role, "method": method,
                          "tau": first(row.mean_accepted_length),
                          "speedup (geomean over tasks)": first(row.speedup_geomean_tasks),
-                         "cost model (geomean over tasks)": geometric_mean(model[label(model) == method]["predicted speedup"].dropna())})
+                         "cost model (geomean over tasks)": predicted(model, method)})
     return pd.DataFrame(rows)
 
 
