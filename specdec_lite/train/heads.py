@@ -20,7 +20,7 @@ re-evaluate it and rewrite its card without retraining.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..drafts.heads import (HeadConfig, OutputLayer, build_head, check_head_target, head_config_for,
                             parameter_count, read_head, save_head)
-from ..paths import HEAD_CONFIG
+from ..paths import HEAD_CONFIG, drafts_dir
 from .batching import frequent_tokens, padded
 from .corpus import load_records
 from .features import load_features
@@ -51,6 +51,9 @@ class HeadTrainConfig:
     heldout_fraction: float = 0.05
     eval_every: int = 200
     seed: int = 0
+    heldout: list = field(default_factory=list)  # corpus record indices held out (empty: a random heldout_fraction)
+    start_from: str = ""  # a shipped head (drafts folder name) whose weights and sub-vocabulary training starts from
+    records: int = 0  # the first this many corpus records are the run's data (0: as many as are given)
 
 
 HEAD_KINDS = ("eagle", "medusa")
@@ -66,18 +69,29 @@ def check_kinds(kinds) -> list[str]:
 
 
 class FeatureDataset:
-    """Records of the corpus with their features, in memory; a fixed held-out split by record."""
+    """Records of the corpus with their features, in memory; a fixed held-out split by record: the records
+    ``cfg.heldout`` names (their corpus indices), else a random ``cfg.heldout_fraction`` of them."""
 
     def __init__(self, records, features: np.ndarray, cfg: HeadTrainConfig):
         self.items = []  # (tokens (L,), features (L, H) float16, reply_start)
-        for entry, arr in records:
+        record_of = []  # the corpus index of each item
+        for i, (entry, arr) in enumerate(records):
             n = min(len(arr), cfg.max_len)
             if entry["prompt_len"] < n - 2:
                 start = entry["offset"]
                 self.items.append((torch.from_numpy(arr[:n]),
                                    torch.from_numpy(np.array(features[start: start + n])), entry["prompt_len"]))
-        self.heldout, self.train = heldout_split(len(self.items), cfg.heldout_fraction,
-                                                 torch.Generator().manual_seed(cfg.seed))
+                record_of.append(i)
+        if cfg.heldout:
+            held = set(cfg.heldout)
+            self.heldout = [j for j, i in enumerate(record_of) if i in held]
+            self.train = [j for j, i in enumerate(record_of) if i not in held]
+            if not self.heldout:
+                raise ValueError(f"none of the {len(held)} held-out records is among the {len(records)} given: "
+                                 "give the corpus they index")
+        else:
+            self.heldout, self.train = heldout_split(len(self.items), cfg.heldout_fraction,
+                                                     torch.Generator().manual_seed(cfg.seed))
 
     def batch(self, rows):
         """(ids (B, L), features (B, L, H) float32, valid (B, L) bool, reply_start (B,))."""
@@ -166,6 +180,8 @@ class HeadTrainer:
             self.vocab_ids = None
         self.output = OutputLayer(target, vocab, self.vocab_ids)
         self.head = build_head(head_cfg)
+        if cfg.start_from:
+            self._start_from(drafts_dir() / cfg.start_from)
         self.loop = TrainingLoop(self.head, lambda batch: self.loss(batch)[0], self.sample, self.evaluate,
                                  LoopConfig.of(cfg, betas=(0.9, 0.95)), self.save, self.out_dir, keep_state=True,
                                  desc=f"{head_cfg.kind} training")
@@ -186,6 +202,20 @@ class HeadTrainer:
 
     step = property(lambda self: self.loop.step)
     log = property(lambda self: self.loop.log)
+
+    def _start_from(self, folder: Path):
+        """Begin with the weights and the sub-vocabulary of the shipped head in ``folder`` (same kind and target);
+        a checkpoint in ``out_dir`` replaces them when the run resumes."""
+        head, cfg, vocab_ids = read_head(folder)
+        shape = ("kind", "hidden_size", "vocab_size", "sub_vocab_size", "num_attention_heads", "intermediate_size",
+                 "rope_theta", "feature_layers", "num_heads")
+        differ = [k for k in shape if getattr(cfg, k) != getattr(self.head_cfg, k)]
+        if differ:
+            raise ValueError(f"{folder} holds a head that differs from this run's in {differ}; start from a head "
+                             "of the same kind and settings (or give this run its settings)")
+        self.head.load_state_dict(head.state_dict())
+        self.vocab_ids = vocab_ids
+        self.output = OutputLayer(self.target, self.head_cfg.vocab_size, vocab_ids)
 
     def _resume(self, full: bool = True):
         """Full resume from ``training_state.pt`` (float32 head, optimizer, log, random states; kept out of git),
@@ -264,4 +294,7 @@ def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_
 
     features, meta = load_features(features_dir)
     records = load_records(corpus_dir)[: meta["records_done"]]
+    if max_records and len(records) < max_records:
+        raise ValueError(f"{features_dir} has features of {len(records)} corpus records, and {max_records} are asked "
+                         "for: extract the rest first (python -m specdec_lite.train.features)")
     return FeatureDataset(records[:max_records] if max_records else records, features, cfg), meta

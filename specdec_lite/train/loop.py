@@ -12,6 +12,7 @@ log and settings back, ``require_checkpoint`` refuses an incomplete folder sayin
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import shutil
@@ -38,7 +39,7 @@ class LoopConfig:
     eval_every: int = 100  # held-out evaluation (and a log entry) every this many steps
     checkpoint_every: int | None = None  # save every this many steps (None: at every evaluation)
     max_minutes: float | None = None  # stop one ``run`` after this many minutes (None: no limit)
-    seed: int = 0  # seeds the batch generator when the caller gives none (seed + step on a warm start)
+    seed: int = 0  # seeds the batch generator, when the caller gives none, and torch (seed + step on a warm start)
 
     @classmethod
     def of(cls, cfg, betas: tuple[float, float], max_minutes: float | None = None) -> "LoopConfig":
@@ -182,8 +183,9 @@ class TrainingLoop:
         from ..show import progress_bar
 
         cfg = self.cfg
-        if self.generator is None:
+        if self.generator is None:  # a first start (a resumed run has the saved random states)
             self.generator = torch.Generator().manual_seed(cfg.seed + self.step)
+            torch.manual_seed(cfg.seed + self.step)  # the loss's own draws (the heads' feature noise)
         run_started = time.monotonic()
         started = run_started - 60 * (self.log[-1]["minutes"] if self.log else 0.0)  # cumulative on resume
         checkpoint_every = cfg.checkpoint_every or cfg.eval_every
@@ -212,3 +214,20 @@ class TrainingLoop:
         bar.close()
         self.model.eval()
         return self.log
+
+
+def run_arguments(description: str, default_out: Path, steps: int, argv=None) -> argparse.Namespace:
+    """The command line of a resumable training run that ships its model when it beats the shipped one: --out,
+    --minutes, --steps, --threads (applied here) and --publish."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help=f"checkpoint folder (default {default_out})")
+    parser.add_argument("--minutes", type=float, default=None, help="stop (evaluated and saved) after this long")
+    parser.add_argument("--steps", type=int, default=steps, help="the schedule's length (fixed at the first start)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--publish", action="store_true",
+                        help="no training: compare the checkpoint with the first head and ship it if it is better")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out = Path(args.out) if args.out else default_out
+    return args

@@ -1,0 +1,114 @@
+"""The first EAGLE head continued on more replies (specdec_lite.train.continued, train.heads) on a tiny random
+Llama: the run starts from a shipped head's weights and sub-vocabulary, holds out the records it is told to, resumes
+exactly in a new trainer, and is published only when it beats the head it started from."""
+import pytest
+import torch
+
+import specdec_lite as sd
+from specdec_lite.core.models import EMBEDDED_EAGLE
+from specdec_lite.drafts import heads
+from specdec_lite.paths import DATA_ENV
+from specdec_lite.train import continued, corpus, eagle3, features
+from specdec_lite.train.heads import FeatureDataset, HeadTrainConfig, HeadTrainer, load_dataset
+
+from conftest import tiny_llama
+
+HELD = [0, 3, 5]
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory, embedded):
+    """(target, root): a tiny target's corpus and features, and its 'first head' (3 steps) shipped under
+    root/data/drafts."""
+    _, tokenizer = embedded
+    root = tmp_path_factory.mktemp("continued")
+    target = tiny_llama(vocab=49152, layers=1, hidden=32, seed=5, max_positions=8192)
+    corpus.generate_corpus(target, tokenizer, root / "text", budget_tokens=300, batch_size=4, max_new_tokens=24,
+                           progress=False)
+    features.extract_features(target, root / "text", root / "f", "tiny", progress=False)
+    cfg = HeadTrainConfig(steps=3, batch_size=4, eval_every=3, warmup=1, lr=3e-3, heldout=HELD)
+    data, _ = load_dataset(root / "f", cfg, root / "text")
+    first = HeadTrainer(target, heads.head_config_for(target, "eagle", "tiny", sub_vocab_size=4096), data, cfg,
+                        root / "data" / "drafts" / EMBEDDED_EAGLE)
+    first.run(progress=False)
+    return target, root
+
+
+@pytest.fixture
+def shipped(setting, monkeypatch):
+    monkeypatch.setenv(DATA_ENV, str(setting[1] / "data"))
+    return setting
+
+
+def config(root, **kw):
+    n = len(corpus.load_index(root / "text"))
+    base = dict(steps=30, batch_size=4, eval_every=15, warmup=3, lr=3e-3, heldout=HELD, start_from=EMBEDDED_EAGLE,
+                records=n)
+    return HeadTrainConfig(**{**base, **kw})
+
+
+def trainer(target, root, out, cfg):
+    return continued.make_trainer(target, root / out, cfg, root / "text", root / "f", "tiny")
+
+
+def test_the_run_starts_from_the_shipped_head_and_holds_out_the_named_records(shipped):
+    target, root = shipped
+    run = trainer(target, root, "run", config(root))
+    start, _, vocab_ids = heads.read_head(root / "data" / "drafts" / EMBEDDED_EAGLE)
+    assert torch.equal(run.vocab_ids, vocab_ids)
+    assert all(torch.equal(a, b) for a, b in zip(run.head.state_dict().values(), start.state_dict().values()))
+    records = corpus.load_records(root / "text")
+    held = [run.data.items[j][0] for j in run.data.heldout]
+    assert [t.tolist() for t in held] == [records[i][1][:256].tolist() for i in HELD]
+    assert not set(run.data.heldout) & set(run.data.train)
+    assert len(run.data.heldout) + len(run.data.train) == len(records)
+    before = run.evaluate()
+    log = run.run(progress=False)
+    assert log[-1]["heldout_ce"] < before["heldout_ce"]  # the 3-step head is far from done
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(shipped):
+    target, root = shipped
+    whole = trainer(target, root, "whole", config(root, steps=6, eval_every=3))
+    whole.run(progress=False)
+    parted = trainer(target, root, "parted", config(root, steps=6, eval_every=3))
+    parted.run(max_minutes=0, progress=False)  # stops after its first step, saved with its state
+    assert parted.step == 1
+    resumed = trainer(target, root, "parted", continued.run_config(root / "parted", steps=99))
+    assert resumed.cfg.steps == 6 and resumed.step == 1  # the stored settings
+    resumed.run(progress=False)
+    for a, b in zip(whole.head.state_dict().values(), resumed.head.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped):
+    """Against the 3-step head it started from, 30 more steps win and are shipped with a card that holds both
+    heads' figures; a run of no step past its start (the same weights) is not better and ships nothing."""
+    target, root = shipped
+    published = root / "data" / "drafts" / continued.NAME
+    same = trainer(target, root, "same", config(root, steps=1, lr=0.0))
+    same.run(progress=False)
+    assert not eagle3.is_better(continued.publish(target, same, root / "text")) and not published.exists()
+    good = trainer(target, root, "good", config(root))
+    good.run(progress=False)
+    comparison = continued.publish(target, good, root / "text")
+    assert eagle3.is_better(comparison) and list(comparison.index) == [
+        f"{EMBEDDED_EAGLE} (the start)", f"{continued.NAME} (step 30)"]
+    assert not (published / "training_state.pt").exists()
+    card = (published / "README.md").read_text()
+    assert f"Started from the weights of `{EMBEDDED_EAGLE}`" in card and "3 records held out" in card
+    assert "first EAGLE head beside this one" in card and "continued.compare_heads" in card
+    assert isinstance(sd.load_draft(continued.NAME, target), sd.EagleDraft)
+
+
+def test_a_start_of_another_shape_and_missing_records_are_refused(shipped):
+    target, root = shipped
+    other = heads.head_config_for(target, "eagle", "tiny", sub_vocab_size=128)
+    data, _ = load_dataset(root / "f", config(root), root / "text")
+    with pytest.raises(ValueError, match=r"differs from this run's in \['sub_vocab_size'\]"):
+        HeadTrainer(target, other, data, config(root), root / "other")
+    records = corpus.load_records(root / "text")
+    with pytest.raises(ValueError, match="none of the 1 held-out records"):
+        FeatureDataset(records[:4], features.load_features(root / "f")[0], config(root, heldout=[10]))
+    with pytest.raises(ValueError, match="extract the rest first"):
+        load_dataset(root / "f", config(root), root / "text", max_records=len(records) + 1)
