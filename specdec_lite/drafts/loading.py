@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 
 from ..core.lm import model_device, static_state, tokenizer_of
-from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_TARGET, check_model_name, load_model,
-                           resolve_name)
+from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIES, EMBEDDED_TARGET, check_model_name,
+                           load_model, resolve_name)
 from ..core.tokenizers import check_tokenizers
 from ..paths import drafts_dir, is_head_dir
 from .heads import EagleDraft, MedusaDraft, check_head_target, load_head, read_head_config
@@ -75,12 +75,15 @@ def tree_draft(name: str, target, head: str | None = None):
 
 
 def recommended_eagle(eagle_names: list[str]) -> str:
-    """The EAGLE head the tree drafts use when none is named: for the embedded target its first head
-    (``EMBEDDED_EAGLE``), for another target the first of ``eagle_names``. The EAGLE-3-style head
-    (``EMBEDDED_EAGLE3``) agrees with the target more often on held-out training replies, but the trees draft
-    fewer tokens a round on it on prompts outside the benchmark's (docs/SPEED.md, "Which head the trees use"), so
-    it is used only when named."""
-    return EMBEDDED_EAGLE if EMBEDDED_EAGLE in eagle_names else eagle_names[0]
+    """The EAGLE head the tree drafts use when none is named: for the embedded target the first shipped of
+    ``RECOMMENDED_EAGLES``, for another target the first of ``eagle_names``. The first head continued on every target
+    reply (``EMBEDDED_EAGLE_REPLIES``) drafts more tokens a round than the first head on prompts outside the
+    benchmark's; the EAGLE-3-style head (``EMBEDDED_EAGLE3``) fewer (docs/SPEED.md, "Which head the trees use"),
+    so it is used only when named."""
+    return next((name for name in RECOMMENDED_EAGLES if name in eagle_names), eagle_names[0])
+
+
+RECOMMENDED_EAGLES = (EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE)  # for the embedded target, best first
 
 
 def head_tree_drafts(eagle: EagleDraft, target=None) -> dict:
