@@ -165,8 +165,9 @@ def eagle3_card(out_dir: Path, trainer, comparison) -> str:
     return write_card(
         out_dir, f"{out_dir.name}: an EAGLE-3-style head for {hc.target}",
         "Trained by specdec_lite (`python -m specdec_lite.train.eagle3`) from the target alone, and shipped because "
-        "it beats the first EAGLE head on the same held-out replies (table at the end). The tree drafts "
-        "(`load_draft(\"auto\")`) use it; load it alone with `specdec_lite.load_pair(target, "
+        "it beats the first EAGLE head on the same held-out replies (table at the end). Tree drafts use it "
+        f"when it is named (`tree_draft(name, target, head=\"{out_dir.name}\")`; `load_draft(\"auto\")` uses "
+        "the head `loading.recommended_eagle` names); load it alone with `specdec_lite.load_pair(target, "
         f"draft=\"{out_dir.name}\")`. It refuses any other target (weights fingerprint `{hc.target_fingerprint}`).",
         f"EAGLE-3 (Li et al. 2025): the target's hidden states at layers {list(hc.feature_layers)} (low, middle, "
         f"high) fused by a linear layer into width {hc.hidden_size}, then with the token embedding into one "

@@ -269,7 +269,7 @@ def publish(target, trainer: Eagle3Trainer) -> pd.DataFrame:
     out_dir = copy_checkpoint(trainer.out_dir, drafts_dir() / NAME)
     eagle3_card(out_dir, trainer, comparison)
     print(f"published to {out_dir}: load_draft('{NAME}'), or a tree draft on it with tree_draft(name, target, "
-          f"head='{NAME}'); 'auto' keeps the first head until the trees draft more on this one (docs/SPEED.md)")
+          f"head='{NAME}'); 'auto' uses the head loading.recommended_eagle names (docs/SPEED.md)")
     return comparison
 
 
