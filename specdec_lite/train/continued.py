@@ -23,10 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from ..core.models import EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIES, EMBEDDED_TARGET, load_model
-from ..drafts.heads import OutputLayer, read_head, read_head_config
+from ..drafts.heads import read_head_config
 from ..paths import drafts_dir, repo_root
 from ..show import to_markdown
 from . import cards, corpus, eagle3, features
@@ -63,25 +62,12 @@ def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path |
     return HeadTrainer(target, head_cfg, data, cfg, out_dir)
 
 
-def heldout_rows(cfg: HeadTrainConfig, corpus_dir: Path | None = None) -> list[tuple[torch.Tensor, int]]:
-    """The held-out replies as ``eagle3.acceptance`` reads them: (token ids within ``max_len``, reply start)."""
-    records = corpus.load_records(corpus_dir)
-    return [(torch.from_numpy(records[i][1][: cfg.max_len]), records[i][0]["prompt_len"]) for i in cfg.heldout]
-
-
-def head_acceptance(target, folder: Path, rows) -> dict:
-    """A shipped or trained EAGLE head's held-out metrics over ``rows`` (``eagle3.acceptance``)."""
-    head, cfg, vocab_ids = read_head(folder)
-    output = OutputLayer(target, cfg.vocab_size, vocab_ids)
-    return eagle3.acceptance(head.eval(), target, output, rows, tuple(cfg.feature_layers) or (-1,), UNROLL)
-
-
 def compare_heads(target, trainer: HeadTrainer, corpus_dir: Path | None = None) -> pd.DataFrame:
     """The head the run started from and the run's head on the same held-out replies: one row each."""
-    rows = heldout_rows(trainer.cfg, corpus_dir)
+    rows = eagle3.heldout_rows(corpus.load_records(corpus_dir), trainer.cfg.heldout, trainer.cfg.max_len)
     heads = {f"{trainer.cfg.start_from} (the start)": drafts_dir() / trainer.cfg.start_from,
              f"{NAME} (step {trainer.step})": trainer.out_dir}
-    table = {label: head_acceptance(target, folder, rows) for label, folder in heads.items()}
+    table = {label: eagle3.head_acceptance(target, folder, rows, UNROLL) for label, folder in heads.items()}
     return pd.DataFrame.from_dict(table, orient="index").rename_axis("head")
 
 

@@ -39,7 +39,7 @@ from ..drafts.heads import (EagleHead, OutputLayer, build_head, fused_layers, he
                             read_head, save_head)
 from ..paths import drafts_dir, repo_root
 from . import corpus, teacher
-from .batching import frequent_tokens, padded
+from .batching import draftable_tokens, padded
 from .heads import soft_cross_entropy
 from ..show import to_markdown
 from .cards import eagle3_card
@@ -80,6 +80,11 @@ def heldout_indices(n_records: int) -> list[int]:
     return picked
 
 
+def heldout_rows(records, indices, max_len: int) -> list[tuple[torch.Tensor, int]]:
+    """The records ``indices`` names, as ``acceptance`` reads them: (token ids within ``max_len``, reply start)."""
+    return [(torch.from_numpy(records[i][1][:max_len]), records[i][0]["prompt_len"]) for i in indices]
+
+
 class TextMix:
     """Training rows: (token ids, first position whose token counts) from the target's replies and from
     teacher-forced text, in a fixed proportion."""
@@ -90,8 +95,7 @@ class TextMix:
         self.cfg = cfg
         self.replies = [(torch.from_numpy(a[: cfg.max_len]), e["prompt_len"]) for i, (e, a) in enumerate(records)
                         if i not in held and e["prompt_len"] < min(len(a), cfg.max_len) - 2]
-        self.heldout = [(torch.from_numpy(records[i][1][: cfg.max_len]), records[i][0]["prompt_len"])
-                        for i in cfg.heldout]
+        self.heldout = heldout_rows(records, cfg.heldout, cfg.max_len)
         self.chunks = [torch.from_numpy(a) for _, a in teacher.load_chunks(teacher_dir)[: cfg.teacher_chunks]]
 
     def sample(self, generator: torch.Generator) -> list[tuple[torch.Tensor, int]]:
@@ -203,10 +207,8 @@ class Eagle3Trainer:
         """The sub-vocabulary: the checkpoint's when resuming, else the most frequent reply tokens (and EOS)."""
         if (self.out_dir / "head.safetensors").exists():
             return read_head(self.out_dir)[2]
-        ids = frequent_tokens(self.data.replies, self.head_cfg.vocab_size, self.cfg.sub_vocab_size)
-        eos = self.target.config.eos_token_id
-        missing = [e for e in ([eos] if isinstance(eos, int) else list(eos or [])) if e not in set(ids.tolist())]
-        return torch.cat([ids[: len(ids) - len(missing)], torch.tensor(missing, dtype=ids.dtype)]) if missing else ids
+        return draftable_tokens(self.data.replies, self.head_cfg.vocab_size, self.cfg.sub_vocab_size,
+                                self.target.config.eos_token_id)
 
     def sample(self, generator):
         return target_batch(self.target, self.data.sample(generator), self.layers)
@@ -232,12 +234,17 @@ def training_dir() -> Path:
     return repo_root() / "data" / "training" / NAME
 
 
+def head_acceptance(target, folder: Path, rows, unroll: int) -> dict:
+    """The held-out metrics (``acceptance``) over ``rows`` of the EAGLE head saved in ``folder``, reading the layers
+    it was trained on."""
+    head, cfg, vocab_ids = read_head(folder)
+    output = OutputLayer(target, cfg.vocab_size, vocab_ids)
+    return acceptance(head.eval(), target, output, rows, tuple(cfg.feature_layers) or (-1,), unroll)
+
+
 def first_head_acceptance(target, trainer: Eagle3Trainer, name: str = EMBEDDED_EAGLE) -> dict:
     """The first EAGLE head's held-out metrics on the same records, through the same function."""
-    head, cfg, vocab_ids = read_head(drafts_dir() / name)
-    output = OutputLayer(target, cfg.vocab_size, vocab_ids)
-    layers = tuple(cfg.feature_layers) or (-1,)
-    return acceptance(head.eval(), target, output, trainer.data.heldout, layers, trainer.cfg.unroll)
+    return head_acceptance(target, drafts_dir() / name, trainer.data.heldout, trainer.cfg.unroll)
 
 
 def compare_heads(target, trainer: Eagle3Trainer) -> pd.DataFrame:

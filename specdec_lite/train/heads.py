@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..drafts.heads import (HeadConfig, OutputLayer, build_head, check_head_target, head_config_for,
                             parameter_count, read_head, save_head)
 from ..paths import HEAD_CONFIG, drafts_dir
-from .batching import frequent_tokens, padded
+from .batching import draftable_tokens, padded
 from .corpus import load_records
 from .features import load_features
 from .loop import (CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, heldout_split, mean_over_chunks, read_config,
@@ -104,7 +104,7 @@ class FeatureDataset:
         return ids, feats, valid.bool(), starts
 
     def sequences(self, rows=None):
-        """[(tokens, reply_start)] as ``batching.frequent_tokens`` takes them."""
+        """[(tokens, reply_start)] as ``batching.draftable_tokens`` takes them."""
         return [(self.items[i][0], self.items[i][2]) for i in (rows if rows is not None else self.train)]
 
 
@@ -167,16 +167,10 @@ class HeadTrainer:
         self.out_dir = Path(out_dir)
         self.embed = target.get_input_embeddings()
         vocab = head_cfg.vocab_size
-        if data is None:  # from_checkpoint: the sub-vocabulary is the checkpoint's
-            self.vocab_ids = None
-        elif head_cfg.sub_vocab_size:
-            self.vocab_ids = frequent_tokens(data.sequences(), vocab, head_cfg.sub_vocab_size)
-            eos = target.config.eos_token_id
-            eos = [eos] if isinstance(eos, int) else list(eos or [])
-            missing = [e for e in eos if e not in set(self.vocab_ids.tolist())]
-            if missing:  # ending a reply must always be draftable
-                self.vocab_ids = torch.cat([self.vocab_ids[: len(self.vocab_ids) - len(missing)], torch.tensor(missing)])
-        else:
+        if data is not None and head_cfg.sub_vocab_size and not cfg.start_from:
+            self.vocab_ids = draftable_tokens(data.sequences(), vocab, head_cfg.sub_vocab_size,
+                                              target.config.eos_token_id)
+        else:  # the full vocabulary, or the checkpoint's (from_checkpoint) or the start's (_start_from)
             self.vocab_ids = None
         self.output = OutputLayer(target, vocab, self.vocab_ids)
         self.head = build_head(head_cfg)
