@@ -137,7 +137,8 @@ def test_entry_points_are_the_documented_ones():
     assert set(entry_points()) == {"specdec_lite.repro.demo", "specdec_lite.repro.bench", "specdec_lite.repro.evaluate",
                                    "specdec_lite.repro.report", "specdec_lite.sweep", "specdec_lite.repro.gpu_bench",
                                    "specdec_lite.train.corpus", "specdec_lite.train.features", "specdec_lite.train.teacher",
-                                   "specdec_lite.train.eagle3", "specdec_lite.train.continued", "specdec_lite.serve"}
+                                   "specdec_lite.train.eagle3", "specdec_lite.train.continued", "specdec_lite.train.self_prompts",
+                                   "specdec_lite.serve"}
 
 
 @pytest.mark.parametrize("module", sorted(entry_points()))

@@ -88,10 +88,10 @@ def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped)
     published = root / "data" / "drafts" / continued.NAME
     same = trainer(target, root, "same", config(root, steps=1, lr=0.0))
     same.run(progress=False)
-    assert not eagle3.is_better(continued.publish(target, same, root / "text")) and not published.exists()
+    assert not eagle3.is_better(continued.publish(target, same, continued.NAME, root / "text")) and not published.exists()
     good = trainer(target, root, "good", config(root))
     good.run(progress=False)
-    comparison = continued.publish(target, good, root / "text")
+    comparison = continued.publish(target, good, continued.NAME, root / "text")
     assert eagle3.is_better(comparison) and list(comparison.index) == [
         f"{EMBEDDED_EAGLE} (the start)", f"{continued.NAME} (step 30)"]
     assert not (published / "training_state.pt").exists()
@@ -99,6 +99,15 @@ def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped)
     assert f"Started from the weights of `{EMBEDDED_EAGLE}`" in card and "3 records held out" in card
     assert "first EAGLE head beside this one" in card and "continued.compare_heads" in card
     assert isinstance(sd.load_draft(continued.NAME, target), sd.EagleDraft)
+
+
+def test_a_run_from_a_continued_head_also_holds_out_records_its_start_never_saw():
+    """Of the records after the first ``seen`` (those its start trained on), HELDOUT_RECORDS spread evenly; too
+    few new records are refused, saying what to do."""
+    held = continued.new_heldout(100, 400)
+    assert len(held) == continued.HELDOUT_RECORDS and held[:3] == [100, 104, 108] and max(held) < 400
+    with pytest.raises(ValueError, match=r"only 10 records are new.*corpus --self-made"):
+        continued.new_heldout(100, 110)
 
 
 def test_a_start_of_another_shape_and_missing_records_are_refused(shipped):

@@ -5,9 +5,10 @@
   batching   padded batches for teacher forcing and training; the most frequent reply tokens
   draft      the standalone draft model, distilled from the target's top-k soft labels
   heads      the EAGLE-style head and the Medusa heads, trained on the features
-  continued  the first EAGLE head continued on every reply the target has written
+  continued  EAGLE heads continued on more of the target's replies, each from the head before it
   eagle3     the EAGLE-3-style head, trained unrolled on its own predictions
   sources    training prompts harvested from the files installed on the machine
+  self_prompts  requests the target writes itself, for prompts that read like the evaluation's
   teacher    installed text, tokenized, for teacher forcing
   loop       the training loop both use (schedule, clipping, held-out split and evaluation, checkpoints,
              time budget, resume)

@@ -1,21 +1,27 @@
-"""The first EAGLE head, continued on every reply the target has written.
+"""EAGLE heads continued on more of the target's replies, each run starting from the head before it.
 
 The first head (``notebooks/00_train_heads.ipynb``) learned from 329k reply tokens to template-made instructions.
 The EAGLE-3-style head (``eagle3.py``) saw more text, but most of it teacher-forced code and documentation, and the
-trees draft fewer tokens a round on it (docs/SPEED.md). This run keeps the first head's architecture and recipe
+trees draft fewer tokens a round on it (docs/SPEED.md). The runs here keep the first head's architecture and recipe
 (``heads.py``: the target's last hidden state by teacher forcing, smooth-L1 on the next feature plus cross-entropy
-through the target's head, noise on the input features), starts from its weights and sub-vocabulary, and trains
-on all the target's replies in ``data/target_text`` (the templates, and the harvested prompts of the four tasks,
-``corpus.py --sources``). It holds out the same replies as the EAGLE-3 run (``eagle3.heldout_indices``: records
-the first head never saw), so the heads are compared on the same text by the same function
-(``eagle3.acceptance``).
+through the target's head, noise on the input features), start from the weights and sub-vocabulary of the head
+before (``STARTS``), and train on every reply in ``data/target_text`` the corpus held at their first start:
 
-    python -m specdec_lite.train.features --corpus data/target_text   # the features (resumable)
-    python -m specdec_lite.train.continued --minutes 40               # resumes exactly: rerun to continue
-    python -m specdec_lite.train.continued --publish                  # ship it if it beats the first head
+    smollm2-135m-eagle-replies  from the first head, on the replies to the templates and to the harvested prompts
+                                of the four tasks (``corpus.py --sources``)
+    smollm2-135m-eagle-self     from that head, on those and the replies to the requests the target wrote itself
+                                (``self_prompts.py``), which read like the evaluation's prompts
+
+Both hold out the EAGLE-3 run's replies (``eagle3.heldout_indices``: records the first head never saw); a later
+run also holds out ``HELDOUT_RECORDS`` of the records its start never saw, spread evenly over them
+(``new_heldout``). A run is compared with its start on its held-out replies by ``eagle3.acceptance``.
+
+    python -m specdec_lite.train.features --corpus data/target_text      # the features (resumable)
+    python -m specdec_lite.train.continued --head smollm2-135m-eagle-self --minutes 40   # resumes exactly
+    python -m specdec_lite.train.continued --head smollm2-135m-eagle-self --publish      # ship it if it is better
 
 The records used are fixed at the run's first start (``records`` in its ``training_config.json``), so a resumed
-run draws the same batches after the corpus has grown. The run lives in ``data/training/<name>`` (head, AdamW's
+run draws the same batches after the corpus has grown. A run lives in ``data/training/<head>`` (head, AdamW's
 moments and the random states: ``loop.TrainingLoop``), committed so a clone resumes it.
 """
 from __future__ import annotations
@@ -24,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.models import EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIES, EMBEDDED_TARGET, load_model
+from ..core.models import EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_TARGET, load_model
 from ..drafts.heads import read_head_config
 from ..paths import drafts_dir, repo_root
 from ..show import to_markdown
@@ -32,23 +38,41 @@ from . import cards, corpus, eagle3, features
 from .heads import HeadTrainConfig, HeadTrainer, load_dataset
 from .loop import CONFIG_FILE, STATE_FILE, copy_checkpoint, read_config, require_checkpoint, run_arguments
 
-NAME = EMBEDDED_EAGLE_REPLIES
+STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_EAGLE_REPLIES}  # head: its start
+NAME = EMBEDDED_EAGLE_SELF  # the newest run
 UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance)
+HELDOUT_RECORDS = eagle3.HELDOUT_RECORDS
 
 
-def training_dir() -> Path:
-    """The run's folder, inside the checkout so that it is committed and resumed by a later clone."""
-    return repo_root() / "data" / "training" / NAME
+def training_dir(name: str = NAME) -> Path:
+    """A run's folder, inside the checkout so that it is committed and resumed by a later clone."""
+    return repo_root() / "data" / "training" / name
 
 
-def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None) -> HeadTrainConfig:
+def new_heldout(seen: int, n_records: int) -> list[int]:
+    """``HELDOUT_RECORDS`` of records ``seen`` to ``n_records`` (those a start that trained on the first ``seen``
+    never saw), evenly spread over them (the corpus appends a family at a time)."""
+    if n_records - seen < 2 * HELDOUT_RECORDS:
+        raise ValueError(f"only {n_records - seen} records are new since the head this run starts from; write more "
+                         "first (python -m specdec_lite.train.corpus --self-made)")
+    every = (n_records - seen) // HELDOUT_RECORDS
+    return list(range(seen, n_records, every))[:HELDOUT_RECORDS]
+
+
+def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_from: str = EMBEDDED_EAGLE
+               ) -> HeadTrainConfig:
     """The run's settings: those stored in ``out_dir`` when it resumes, else the first head's recipe at half its
-    peak learning rate, from the first head, on every record the corpus has now but the held-out ones."""
+    peak learning rate, from ``start_from``, on every record the corpus has now but the held-out ones: the EAGLE-3
+    run's, and for a start that is itself a continued head, ``new_heldout`` of the records it never saw."""
     if (out_dir / CONFIG_FILE).exists():
         return read_config(out_dir / CONFIG_FILE, HeadTrainConfig)
     n = len(corpus.load_index(corpus_dir))
-    return HeadTrainConfig(steps=steps, lr=5e-4, warmup=100, eval_every=250, heldout=eagle3.heldout_indices(n),
-                           start_from=EMBEDDED_EAGLE, records=n)
+    heldout = eagle3.heldout_indices(n)
+    start = drafts_dir() / start_from / CONFIG_FILE
+    if start.exists() and read_config(start, HeadTrainConfig).records:
+        heldout += new_heldout(read_config(start, HeadTrainConfig).records, n)
+    return HeadTrainConfig(steps=steps, lr=5e-4, warmup=100, eval_every=250, heldout=heldout,
+                           start_from=start_from, records=n)
 
 
 def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path | None = None,
@@ -62,44 +86,44 @@ def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path |
     return HeadTrainer(target, head_cfg, data, cfg, out_dir)
 
 
-def compare_heads(target, trainer: HeadTrainer, corpus_dir: Path | None = None) -> pd.DataFrame:
-    """The head the run started from and the run's head on the same held-out replies: one row each."""
+def compare_heads(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = None) -> pd.DataFrame:
+    """The head the run started from and the run's head (``name``) on the same held-out replies: one row each."""
     rows = eagle3.heldout_rows(corpus.load_records(corpus_dir), trainer.cfg.heldout, trainer.cfg.max_len)
     heads = {f"{trainer.cfg.start_from} (the start)": drafts_dir() / trainer.cfg.start_from,
-             f"{NAME} (step {trainer.step})": trainer.out_dir}
+             f"{name} (step {trainer.step})": trainer.out_dir}
     table = {label: eagle3.head_acceptance(target, folder, rows, UNROLL) for label, folder in heads.items()}
     return pd.DataFrame.from_dict(table, orient="index").rename_axis("head")
 
 
-def publish(target, trainer: HeadTrainer, corpus_dir: Path | None = None) -> pd.DataFrame:
+def publish(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = None) -> pd.DataFrame:
     """Compare the run's head with the one it started from and, when it is better (``eagle3.is_better``: a higher
     T = 1 acceptance of the first drafted token and a greedy agreement no lower), copy it into the drafts folder
-    with its card (both heads' figures); returns the comparison."""
-    comparison = compare_heads(target, trainer, corpus_dir)
+    as ``name`` with its card (both heads' figures); returns the comparison."""
+    comparison = compare_heads(target, trainer, name, corpus_dir)
     print(to_markdown(comparison.reset_index()))
     if not eagle3.is_better(comparison):
         print(f"not published: the head at step {trainer.step} does not beat {trainer.cfg.start_from} on the held-out "
               "replies; train on (rerun without --publish)")
         return comparison
-    out_dir = copy_checkpoint(trainer.out_dir, drafts_dir() / NAME)
+    out_dir = copy_checkpoint(trainer.out_dir, drafts_dir() / name)
     index = corpus.load_index(corpus_dir)[: trainer.cfg.records]
-    cards.head_card(out_dir, trainer, index, trained_by="`python -m specdec_lite.train.continued`")
+    cards.head_card(out_dir, trainer, index, trained_by=f"`python -m specdec_lite.train.continued --head {name}`")
     cards.append_comparison(out_dir, comparison, "`specdec_lite.train.continued.compare_heads`")
-    print(f"published to {out_dir}: load_draft('{NAME}'), or a tree draft on it with tree_draft(name, target, "
-          f"head='{NAME}')")
+    print(f"published to {out_dir}: load_draft('{name}'), or a tree draft on it with tree_draft(name, target, "
+          f"head='{name}')")
     return comparison
 
 
 def main(argv=None):
-    args = run_arguments(__doc__, training_dir(), 4000, argv)
+    args = run_arguments(__doc__, training_dir, 4000, argv, heads=[NAME, *sorted(set(STARTS) - {NAME})])
     out_dir = args.out
     if args.publish:
         require_checkpoint(out_dir, [STATE_FILE, CONFIG_FILE], "continued EAGLE head")
     target, _ = load_model(EMBEDDED_TARGET)
     if args.publish:
-        publish(target, HeadTrainer.from_checkpoint(target, out_dir, "eagle"))
+        publish(target, HeadTrainer.from_checkpoint(target, out_dir, "eagle"), args.head)
         return
-    trainer = make_trainer(target, out_dir, run_config(out_dir, args.steps))
+    trainer = make_trainer(target, out_dir, run_config(out_dir, args.steps, start_from=STARTS[args.head]))
     trainer.run(max_minutes=args.minutes)
     print(trainer.log[-1])
 

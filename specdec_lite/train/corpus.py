@@ -1,11 +1,13 @@
 """Target-made training text: the raw material for training drafts (standalone, EAGLE-style, Medusa).
 
-Prompts come from two places:
+Prompts come from three places:
   - templates here (``training_prompts``): families code, explain, advice, translate, chat, and summarize (the
     target's own stored replies to explain/advice prompts, given back to it as passages to summarize);
   - files installed on the machine (``sources.py``, ``--sources``): tens of thousands of prompts in the families
-    code, dialogue, summarization and translation (the evaluation's four tasks), ids ``src-<family>-<hash>``.
-Both are disjoint from the evaluation prompts in ``data/prompts/`` (tests check it).
+    code, dialogue, summarization and translation (the evaluation's four tasks), ids ``src-<family>-<hash>``;
+  - requests the target wrote itself (``self_prompts.py``, ``--self-made``), in the same four families, ids
+    ``self-<family>-<hash>``: they read like the evaluation's prompts, where the harvested ones ask about code.
+All are disjoint from the evaluation prompts in ``data/prompts/`` (tests check it).
 
 Text written by the target itself is what a draft must learn to predict, and on a 2-core CPU it is the scarce
 resource, so it is kept compactly and every run appends to it, a batch at a time (a run can be stopped at any
@@ -18,9 +20,10 @@ moment and resumed):
 
     python -m specdec_lite.train.corpus --budget 200000          # templates; resumes: done prompts are skipped
     python -m specdec_lite.train.corpus --sources --dtype bfloat16 --batch-size 64 --minutes 150 --budget 50000000
+    python -m specdec_lite.train.corpus --self-made --dtype bfloat16 --batch-size 64 --max-new-tokens 128 --minutes 30
 
 The template batches cycle temperatures 0, 0.7 and 1 with top_p 0.95 (and, before ``top_k=0`` was passed,
-transformers' default top_k of 50). The harvested prompts are answered greedily and at T=1 (plain sampling:
+transformers' default top_k of 50). The harvested and self-made prompts are answered greedily and at T=1 (plain sampling:
 top_p 1, no top_k) in turn for each family, a family per batch (``family_batches``).
 
 Speed (reply tokens written a second by ``model.generate`` on the embedded target, 2-core AMD EPYC with
@@ -204,7 +207,8 @@ def family_batches(todo: list[dict], batch_size: int, done: list[dict], window: 
     one family's prompts (their replies end at similar lengths, so fewer rows wait for the longest), sorted by
     length within windows of ``window`` batches (less padding), and a batch is greedy or T=1
     (``SOURCE_TEMPERATURES``), whichever its family has fewer records of in ``done`` and so far."""
-    counts = Counter((e["family"], e["temperature"]) for e in done if e["id"].startswith("src-"))
+    prefix = todo[0]["id"].split("-")[0] + "-" if todo else ""  # src- or self-: each kind is balanced on its own
+    counts = Counter((e["family"], e["temperature"]) for e in done if e["id"].startswith(prefix))
     queues: dict[str, list[dict]] = {}
     for p in todo:
         queues.setdefault(p["family"], []).append(p)
@@ -231,13 +235,15 @@ def _windowed(prompts: list[dict], batch_size: int, window: int):
 def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens: int = 100_000,
                     batch_size: int = 16, max_new_tokens: int = 192, top_p: float | None = None, seed: int = 0,
                     target_name: str = "smollm2-135m-instruct", progress: bool = True,
-                    max_minutes: float | None = None, families=None, sources: bool = False) -> int:
+                    max_minutes: float | None = None, families=None, sources: bool = False,
+                    self_made: bool = False) -> int:
     """Append target-written replies to ``out_dir`` until ``budget_tokens`` new reply tokens are written (or
     ``max_minutes`` have passed; the batch under way is finished first). Returns the number written.
     By default the prompts are the template-made ones, each batch at one temperature (cycled over
     ``TEMPERATURES``, ``top_p`` 0.95 unless given); ``sources=True`` answers the prompts harvested from installed
     files instead (``sources.harvest_prompts``, batched by ``family_batches``: greedy and T=1 in turn, ``top_p``
-    1 unless given). ``families`` (e.g.
+    1 unless given); ``self_made=True`` answers, in the same way, the prompts made from the requests the
+    target wrote itself (``self_prompts.self_made_prompts``). ``families`` (e.g.
     ``["chat", "summarize"]``) restricts the prompts to those families; the 'summarize' template prompts are made
     from stored replies (``summary_prompts``)."""
     from ..show import progress_bar
@@ -248,17 +254,23 @@ def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens
         raise ValueError("token ids are stored as uint16; this tokenizer has more than 65,535 tokens")
     done = load_index(out_dir)
     done_ids = {e["id"] for e in done}
+    if sources and self_made:
+        raise ValueError("choose one of sources and self_made: each run answers one kind of prompts")
     if sources:
         from .sources import harvest_prompts
         candidates = harvest_prompts(seed)
+    elif self_made:
+        from .self_prompts import self_made_prompts
+        candidates = self_made_prompts(tokenizer, out_dir, seed)
     else:
         candidates = training_prompts(seed) + summary_prompts(tokenizer, out_dir, seed)
     todo = [p for p in candidates if p["id"] not in done_ids and (families is None or p["family"] in families)]
     if not todo:
         raise ValueError(f"no prompts left to answer for families {families}; every one is in {out_dir}")
-    top_p = top_p if top_p is not None else (1.0 if sources else 0.95)
+    harvested = sources or self_made
+    top_p = top_p if top_p is not None else (1.0 if harvested else 0.95)
     batch_no = len(done_ids) // batch_size
-    batches = family_batches(todo, batch_size, done) if sources else cycled_batches(todo, batch_size, batch_no)
+    batches = family_batches(todo, batch_size, done) if harvested else cycled_batches(todo, batch_size, batch_no)
     written = 0
     bar = progress_bar(total=budget_tokens, desc="target-made tokens", disable=not progress)
     started = time.monotonic()
@@ -314,9 +326,12 @@ def main(argv=None):
     parser.add_argument("--minutes", type=float, default=None, help="stop after this long (finishing the batch)")
     parser.add_argument("--families", nargs="+", default=None,
                         help="only these prompt families (templates: code explain advice translate chat summarize; "
-                             "--sources: code dialogue summarization translation)")
+                             "--sources and --self-made: code dialogue summarization translation)")
     parser.add_argument("--sources", action="store_true",
                         help="answer the prompts harvested from installed files (sources.py), not the templates")
+    parser.add_argument("--self-made", action="store_true",
+                        help="answer the prompts made from the target's own requests (self_prompts.py; write "
+                             "them first with python -m specdec_lite.train.self_prompts)")
     parser.add_argument("--top-p", type=float, default=None,
                         help="nucleus for the sampled batches (default: 1.0 with --sources, else 0.95)")
     parser.add_argument("--threads", type=int, default=None,
@@ -328,7 +343,7 @@ def main(argv=None):
     model, tokenizer = load_model(args.target, dtype=args.dtype, batch_invariant=False)
     n = generate_corpus(model, tokenizer, out_dir, args.budget, args.batch_size, args.max_new_tokens, top_p=args.top_p,
                         seed=args.seed, target_name=args.target, max_minutes=args.minutes, families=args.families,
-                        sources=args.sources)
+                        sources=args.sources, self_made=args.self_made)
     print(f"wrote {n} reply tokens; {len(load_index(out_dir))} records in {out_dir}")
 
 

@@ -216,18 +216,22 @@ class TrainingLoop:
         return self.log
 
 
-def run_arguments(description: str, default_out: Path, steps: int, argv=None) -> argparse.Namespace:
+def run_arguments(description: str, default_out, steps: int, argv=None, heads=None) -> argparse.Namespace:
     """The command line of a resumable training run that ships its model when it beats the shipped one: --out,
-    --minutes, --steps, --threads (applied here) and --publish."""
+    --minutes, --steps, --threads (applied here) and --publish; with ``heads`` (the runs' names, the default
+    first) also --head, and ``default_out`` is then a function of the head's name."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help=f"checkpoint folder (default {default_out})")
+    if heads:
+        parser.add_argument("--head", choices=heads, default=heads[0], help=f"the run (default {heads[0]})")
+    where = default_out(heads[0]) if heads else default_out
+    parser.add_argument("--out", default=None, help=f"checkpoint folder (default {where})")
     parser.add_argument("--minutes", type=float, default=None, help="stop (evaluated and saved) after this long")
     parser.add_argument("--steps", type=int, default=steps, help="the schedule's length (fixed at the first start)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--publish", action="store_true",
-                        help="no training: compare the checkpoint with the first head and ship it if it is better")
+                        help="no training: compare the checkpoint with the head it must beat and ship it if it is better")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.out = Path(args.out) if args.out else default_out
+    args.out = Path(args.out) if args.out else (default_out(args.head) if heads else default_out)
     return args
