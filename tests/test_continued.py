@@ -97,7 +97,7 @@ def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped)
     assert not (published / "training_state.pt").exists()
     card = (published / "README.md").read_text()
     assert f"Started from the weights of `{EMBEDDED_EAGLE}`" in card and "3 records held out" in card
-    assert "first EAGLE head beside this one" in card and "continued.compare_heads" in card
+    assert "the head it started from beside this one" in card and "continued.compare_heads" in card
     assert isinstance(sd.load_draft(continued.NAME, target), sd.EagleDraft)
 
 

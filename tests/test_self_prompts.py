@@ -60,7 +60,7 @@ def test_the_four_families_come_from_the_requests_and_the_replies(tmp_path, embe
                               ("dialogue", "I like tea. What should I try next? Something with a smoky taste."),
                               ("code", "Write a Bash script that prints the ten largest files in a folder."),
                               ("passage", news), ("dialogue", leaking), ("none", None)])
-    before = self_prompts.self_made_prompts(tokenizer, tmp_path)
+    before = self_prompts.self_made_prompts(tokenizer, corpus.load_records(tmp_path), tmp_path)
     assert {p["family"] for p in before} == {"dialogue", "code", "translation"}  # no reply to summarize yet
     reply = ("The city opened a new park on Saturday. Families came to see the gardens, the playground and the "
              "small lake, and the mayor thanked the volunteers who planted more than two hundred trees. The park "
@@ -72,7 +72,7 @@ def test_the_four_families_come_from_the_requests_and_the_replies(tmp_path, embe
     corpus._append(tmp_path, [{"id": f"self-dialogue-{sources.stable_hash(news)}", "family": "dialogue",
                                "prompt": news, "prompt_len": len(prompt_ids), "gen_len": len(reply_ids)}],
                    [np.array(prompt_ids + reply_ids)])
-    after = self_prompts.self_made_prompts(tokenizer, tmp_path)
+    after = self_prompts.self_made_prompts(tokenizer, corpus.load_records(tmp_path), tmp_path)
     by_family = {f: [p["prompt"] for p in after if p["family"] == f] for f in sources.FAMILIES}
     assert news in by_family["dialogue"] and leaking not in by_family["dialogue"]
     assert by_family["code"] == ["Write a Bash script that prints the ten largest files in a folder."]

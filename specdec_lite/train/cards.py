@@ -191,10 +191,10 @@ def eagle3_card(out_dir: Path, trainer, comparison) -> str:
         evaluation=None) + append_comparison(out_dir, comparison, "`specdec_lite.train.eagle3.compare_heads`")
 
 
-def append_comparison(out_dir: Path, comparison, made_by: str) -> str:
-    """Append the held-out comparison with the first head (made by the function ``made_by`` names) to the card in
+def append_comparison(out_dir: Path, comparison, made_by: str, other: str = "the first EAGLE head") -> str:
+    """Append the held-out comparison with ``other`` (made by the function ``made_by`` names) to the card in
     ``out_dir``; returns the added text."""
-    text = ("\n## Held-out: the first EAGLE head beside this one\n\nThe same held-out replies, the same function "
+    text = (f"\n## Held-out: {other} beside this one\n\nThe same held-out replies, the same function "
             f"({made_by}).\n\n" + to_markdown(comparison.reset_index()) + "\n")
     with open(Path(out_dir) / "README.md", "a") as f:
         f.write(text)

@@ -108,7 +108,8 @@ def publish(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = N
     out_dir = copy_checkpoint(trainer.out_dir, drafts_dir() / name)
     index = corpus.load_index(corpus_dir)[: trainer.cfg.records]
     cards.head_card(out_dir, trainer, index, trained_by=f"`python -m specdec_lite.train.continued --head {name}`")
-    cards.append_comparison(out_dir, comparison, "`specdec_lite.train.continued.compare_heads`")
+    cards.append_comparison(out_dir, comparison, "`specdec_lite.train.continued.compare_heads`",
+                            "the head it started from")
     print(f"published to {out_dir}: load_draft('{name}'), or a tree draft on it with tree_draft(name, target, "
           f"head='{name}')")
     return comparison

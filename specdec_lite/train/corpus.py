@@ -261,7 +261,7 @@ def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens
         candidates = harvest_prompts(seed)
     elif self_made:
         from .self_prompts import self_made_prompts
-        candidates = self_made_prompts(tokenizer, out_dir, seed)
+        candidates = self_made_prompts(tokenizer, load_records(out_dir), out_dir, seed)
     else:
         candidates = training_prompts(seed) + summary_prompts(tokenizer, out_dir, seed)
     todo = [p for p in candidates if p["id"] not in done_ids and (families is None or p["family"] in families)]
