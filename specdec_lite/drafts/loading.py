@@ -84,7 +84,7 @@ def recommended_eagle(eagle_names: list[str]) -> str:
     return next((name for name in RECOMMENDED_EAGLES if name in eagle_names), eagle_names[0])
 
 
-RECOMMENDED_EAGLES = (EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE)  # for the embedded target, best first
+RECOMMENDED_EAGLES = (EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE)  # the embedded target's, best first
 
 
 def head_tree_drafts(eagle: EagleDraft, target=None) -> dict:

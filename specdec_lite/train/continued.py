@@ -13,7 +13,7 @@ before (``STARTS``), and train on every reply in ``data/target_text`` the corpus
                                 (``self_prompts.py``), which read like the evaluation's prompts
 
 Both hold out the EAGLE-3 run's replies (``eagle3.heldout_indices``: records the first head never saw); a later
-run also holds out ``HELDOUT_RECORDS`` of the records its start never saw, spread evenly over them
+run also holds out ``eagle3.HELDOUT_RECORDS`` of the records its start never saw, spread evenly over them
 (``new_heldout``). A run is compared with its start on its held-out replies by ``eagle3.acceptance``.
 
     python -m specdec_lite.train.features --corpus data/target_text      # the features (resumable)
@@ -41,7 +41,6 @@ from .loop import CONFIG_FILE, STATE_FILE, copy_checkpoint, read_config, require
 STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_EAGLE_REPLIES}  # head: its start
 NAME = EMBEDDED_EAGLE_SELF  # the newest run
 UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance)
-HELDOUT_RECORDS = eagle3.HELDOUT_RECORDS
 
 
 def training_dir(name: str = NAME) -> Path:
@@ -50,13 +49,14 @@ def training_dir(name: str = NAME) -> Path:
 
 
 def new_heldout(seen: int, n_records: int) -> list[int]:
-    """``HELDOUT_RECORDS`` of records ``seen`` to ``n_records`` (those a start that trained on the first ``seen``
-    never saw), evenly spread over them (the corpus appends a family at a time)."""
-    if n_records - seen < 2 * HELDOUT_RECORDS:
+    """``eagle3.HELDOUT_RECORDS`` of records ``seen`` to ``n_records`` (those a start that trained on the first
+    ``seen`` never saw), evenly spread over them (the corpus appends a family at a time)."""
+    count = eagle3.HELDOUT_RECORDS
+    if n_records - seen < 2 * count:
         raise ValueError(f"only {n_records - seen} records are new since the head this run starts from; write more "
                          "first (python -m specdec_lite.train.corpus --self-made)")
-    every = (n_records - seen) // HELDOUT_RECORDS
-    return list(range(seen, n_records, every))[:HELDOUT_RECORDS]
+    every = (n_records - seen) // count
+    return list(range(seen, n_records, every))[:count]
 
 
 def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_from: str = EMBEDDED_EAGLE
@@ -69,8 +69,9 @@ def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_
     n = len(corpus.load_index(corpus_dir))
     heldout = eagle3.heldout_indices(n)
     start = drafts_dir() / start_from / CONFIG_FILE
-    if start.exists() and read_config(start, HeadTrainConfig).records:
-        heldout += new_heldout(read_config(start, HeadTrainConfig).records, n)
+    seen = read_config(start, HeadTrainConfig).records if start.exists() else 0  # 0: not a continued head
+    if seen:
+        heldout += new_heldout(seen, n)
     return HeadTrainConfig(steps=steps, lr=5e-4, warmup=100, eval_every=250, heldout=heldout,
                            start_from=start_from, records=n)
 

@@ -23,8 +23,8 @@ moment and resumed):
     python -m specdec_lite.train.corpus --self-made --dtype bfloat16 --batch-size 64 --max-new-tokens 128 --minutes 30
 
 The template batches cycle temperatures 0, 0.7 and 1 with top_p 0.95 (and, before ``top_k=0`` was passed,
-transformers' default top_k of 50). The harvested and self-made prompts are answered greedily and at T=1 (plain sampling:
-top_p 1, no top_k) in turn for each family, a family per batch (``family_batches``).
+transformers' default top_k of 50). The harvested and self-made prompts are answered greedily and at T=1 (plain
+sampling: top_p 1, no top_k) in turn for each family, a family per batch (``family_batches``).
 
 Speed (reply tokens written a second by ``model.generate`` on the embedded target, 2-core AMD EPYC with
 AVX512-BF16, greedy, 192 new tokens at most; measured on a machine shared with other work, so roughly):

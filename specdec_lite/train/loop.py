@@ -229,7 +229,8 @@ def run_arguments(description: str, default_out, steps: int, argv=None, heads=No
     parser.add_argument("--steps", type=int, default=steps, help="the schedule's length (fixed at the first start)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--publish", action="store_true",
-                        help="no training: compare the checkpoint with the head it must beat and ship it if it is better")
+                        help="no training: compare the checkpoint with the head it must beat and ship it if it is "
+                             "better")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -3,7 +3,8 @@
 The harvested prompts (``sources.py``) come from code and documentation, so they ask about Python modules and
 Debian packages; the evaluation asks everyday things ("I just moved to a new city..."). An instruction-tuned model
 given its chat template up to the user's turn writes a user request of the kind it was tuned on. Here it is also
-given the request's first words (``OPENINGS``, no trailing space: the tokenizer puts a word's space before it), so that the requests cover the evaluation's four tasks:
+given the request's first words (``OPENINGS``, no trailing space: the tokenizer puts a word's space before it), so
+that the requests cover the evaluation's four tasks:
 
     dialogue       requests it writes from openings such as "Can you recommend" or "My"
     code           requests it writes from openings such as "Write a Bash script"
@@ -112,10 +113,10 @@ def opening_schedule(batch_no: int, batch_size: int) -> list[tuple[str, str]]:
 
 
 def generate_requests(model, tokenizer, n: int, out_dir: Path | None = None, batch_size: int = 64,
-                      progress: bool = True) -> int:
-    """Append requests to ``out_dir``'s ``REQUESTS_FILE`` until it holds ``n`` batches' worth of attempts made
-    (``n`` rows tried, clean or not: a resumed run continues with the next batch number). Returns the clean
-    requests added."""
+                      progress: bool = True, target_name: str = EMBEDDED_TARGET) -> int:
+    """Append requests written by ``model`` (recorded as ``target_name``) to ``out_dir``'s ``REQUESTS_FILE`` until
+    it holds ``n`` batches' worth of attempts made (``n`` rows tried, clean or not: a resumed run continues with
+    the next batch number). Returns the clean requests added."""
     from ..show import progress_bar
 
     out_dir = Path(out_dir or paths.corpus_dir())
@@ -126,7 +127,7 @@ def generate_requests(model, tokenizer, n: int, out_dir: Path | None = None, bat
     batches = range(first_batch, -(-n // batch_size))
     for batch_no in progress_bar(batches, desc="request batches", disable=not progress):
         schedule = opening_schedule(batch_no, batch_size)
-        kept = [{"kind": kind, "opening": opening, "request": text, "batch": batch_no, "target": EMBEDDED_TARGET,
+        kept = [{"kind": kind, "opening": opening, "request": text, "batch": batch_no, "target": target_name,
                  "temperature": REQUEST_TEMPERATURE, "top_p": REQUEST_TOP_P}
                 for (kind, opening), text in zip(schedule, write_requests(model, tokenizer, schedule, batch_no))
                 if text is not None]
