@@ -68,14 +68,15 @@ def test_the_run_starts_from_the_shipped_head_and_holds_out_the_named_records(sh
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(shipped):
+    """With training-time test, as the newest run trains."""
     target, root = shipped
-    whole = trainer(target, root, "whole", config(root, steps=6, eval_every=3))
+    whole = trainer(target, root, "whole", config(root, steps=6, eval_every=3, unroll=continued.UNROLL))
     whole.run(progress=False)
-    parted = trainer(target, root, "parted", config(root, steps=6, eval_every=3))
+    parted = trainer(target, root, "parted", config(root, steps=6, eval_every=3, unroll=continued.UNROLL))
     parted.run(max_minutes=0, progress=False)  # stops after its first step, saved with its state
     assert parted.step == 1
     resumed = trainer(target, root, "parted", continued.run_config(root / "parted", steps=99))
-    assert resumed.cfg.steps == 6 and resumed.step == 1  # the stored settings
+    assert resumed.cfg.steps == 6 and resumed.cfg.unroll == continued.UNROLL and resumed.step == 1  # as stored
     resumed.run(progress=False)
     for a, b in zip(whole.head.state_dict().values(), resumed.head.state_dict().values()):
         assert torch.equal(a, b)

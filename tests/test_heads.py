@@ -20,7 +20,8 @@ from specdec_lite.repro import tasks
 from specdec_lite.train import corpus, features
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import MUTANTS
-from specdec_lite.train.heads import HeadTrainConfig, HeadTrainer, check_kinds, load_dataset
+from specdec_lite.train.heads import (HeadTrainConfig, HeadTrainer, check_kinds, eagle_loss, feature_loss,
+                                      load_dataset)
 
 from conftest import tiny_llama
 
@@ -153,6 +154,41 @@ def test_unrolled_training_predictions_are_the_drafting_chain():
     assert not torch.allclose(steps[0][:, 3:], steps[1][:, 3:], atol=1e-3)
 
 
+def test_unrolled_head_loss_is_the_one_step_loss_plus_the_drafting_steps():
+    """HeadTrainer's training-time test: step 1 of the unrolled loss is the teacher-forced loss, and step k is the
+    same loss on the features the head drafts on its own predictions (``unrolled``, held to the drafting chain
+    above), counted at the reply positions with k - 1 earlier ones; the loss is the mean over the steps."""
+    target = tiny_llama(vocab=64, hidden=32, seed=2)
+    draft = random_head_draft(target, "eagle")
+    head, embed, output = draft.head.float(), target.get_input_embeddings(), draft.output
+    torch.manual_seed(0)
+    B, L, H = 2, 10, target.config.hidden_size
+    ids, feats = torch.randint(0, 64, (B, L)), torch.randn(B, L, H)
+    valid = torch.ones(B, L, dtype=torch.bool)
+    valid[1, 8:] = False  # a shorter second row
+    starts = torch.tensor([3, 1])  # the first two drafted positions of row 0 lie in the prompt
+    batch = (ids, feats, valid, starts)
+    one, one_metrics = eagle_loss(head, embed, output, batch, HeadTrainConfig(), train=False)
+    three, metrics = eagle_loss(head, embed, output, batch, HeadTrainConfig(unroll=3), train=False)
+    with torch.no_grad():
+        steps = head.unrolled(feats[:, :-1], embed(ids[:, 1:]), 3)
+    losses = []
+    for k, predicted in enumerate(steps):
+        # position i (drafting token i + 2) counts when it is real, in the reply, and has k earlier positions
+        rows = [(b, i) for b in range(B) for i in range(k, L - 1) if valid[b, i + 1] and i + 2 >= starts[b]]
+        pred = torch.stack([predicted[b, i] for b, i in rows])
+        true = torch.stack([feats[b, i + 1] for b, i in rows])
+        loss, step = feature_loss(output, pred, true, HeadTrainConfig())
+        losses.append(loss)
+        suffix = f"_step{k + 1}" if k else ""
+        assert metrics["regression" + suffix] == pytest.approx(step["regression"], rel=1e-5)
+        assert metrics["ce" + suffix] == pytest.approx(step["ce"], rel=1e-5)
+    assert one_metrics == pytest.approx({k: v for k, v in metrics.items() if "_step" not in k}, rel=1e-6)
+    assert one.item() == pytest.approx(losses[0].item(), rel=1e-5)
+    assert three.item() == pytest.approx(sum(losses).item() / 3, rel=1e-5)
+    assert metrics["regression_step3"] != pytest.approx(metrics["regression"], rel=1e-3)  # the steps differ
+
+
 def test_kv_cache_crop_and_append():
     cache = heads.KVCache()
     k = torch.randn(1, 2, 5, 4)
@@ -208,28 +244,31 @@ def test_features_are_what_the_output_layer_reads_and_extraction_resumes(tmp_pat
     again = features.extract_features(target, tmp_path / "text", tmp_path / "f", "tiny", progress=False)
     assert again == meta  # nothing left to do: the same metadata back
     store, _ = features.load_features(tmp_path / "f")
-    entry, arr = corpus.load_records(tmp_path / "text")[-1]
-    with torch.no_grad():
-        logits = target(input_ids=torch.from_numpy(arr)[None]).logits[0]
-    f = torch.from_numpy(store[entry["offset"]: entry["offset"] + len(arr)].astype("float32"))
-    # stored in float16 (11 significant bits): rounding moves each feature by at most 2^-11 of it, so each logit
-    # by at most 2^-11 (|f| |W|^T); twice that leaves room for float32 differences of the batched forward
+    records = corpus.load_records(tmp_path / "text")
+    assert len({len(arr) for _, arr in records}) > 1  # batched by length, not in corpus order: rows must not mix
     w = target.lm_head.weight
-    with torch.no_grad():
-        assert ((target.lm_head(f) - logits).abs() <= 2**-10 * (f.abs() @ w.abs().T)).all()
+    for entry, arr in records:
+        with torch.no_grad():
+            logits = target(input_ids=torch.from_numpy(arr)[None]).logits[0]
+        f = torch.from_numpy(store[entry["offset"]: entry["offset"] + len(arr)].astype("float32"))
+        # stored in float16 (11 significant bits): rounding moves each feature by at most 2^-11 of it, so each
+        # logit by at most 2^-11 (|f| |W|^T); twice that leaves room for float32 differences of the batched forward
+        with torch.no_grad():
+            assert ((target.lm_head(f) - logits).abs() <= 2**-10 * (f.abs() @ w.abs().T)).all()
     with pytest.raises(ValueError, match="another model"):
         features.extract_features(tiny_llama(vocab=49152, layers=1, hidden=32, seed=6, max_positions=8192),
                                   tmp_path / "text", tmp_path / "f", progress=False)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_training_lowers_the_loss_and_resumes(tmp_path, kind, embedded):
+@pytest.mark.parametrize("kind, unroll", [("eagle", 1), ("medusa", 1), ("eagle", 3)])
+def test_training_lowers_the_loss_and_resumes(tmp_path, kind, unroll, embedded):
     _, tokenizer = embedded
     target = tiny_llama(vocab=49152, layers=1, hidden=32, seed=5, max_positions=8192)
     corpus.generate_corpus(target, tokenizer, tmp_path / "text", budget_tokens=120, batch_size=4,
                            max_new_tokens=24, progress=False)
     features.extract_features(target, tmp_path / "text", tmp_path / "f", "tiny", progress=False)
-    cfg = HeadTrainConfig(steps=30, batch_size=4, eval_every=15, warmup=5, lr=3e-3, heldout_fraction=0.2)
+    cfg = HeadTrainConfig(steps=30, batch_size=4, eval_every=15, warmup=5, lr=3e-3, heldout_fraction=0.2,
+                          unroll=unroll)
     data, _ = load_dataset(tmp_path / "f", cfg, tmp_path / "text")
     head_cfg = heads.head_config_for(target, kind, "tiny", sub_vocab_size=256)
     trainer = HeadTrainer(target, head_cfg, data, cfg, tmp_path / "head")
@@ -237,6 +276,8 @@ def test_training_lowers_the_loss_and_resumes(tmp_path, kind, embedded):
     log = trainer.run(progress=False, max_minutes=None)
     key = "heldout_ce"
     assert log[-1][key] < first[key]  # held-out cross-entropy against the target falls
+    if unroll > 1:  # and so does that of the last unrolled step, drafted on the head's own predictions
+        assert log[-1][f"{key}_step{unroll}"] < first[f"{key}_step{unroll}"]
     assert json.loads((tmp_path / "head" / "head_config.json").read_text())["kind"] == kind
     resumed = HeadTrainer(target, head_cfg, data, HeadTrainConfig(**{**cfg.__dict__, "steps": 35}), tmp_path / "head")
     assert resumed.step == 30 and resumed.run(progress=False)[-1]["step"] == 35

@@ -11,8 +11,11 @@ before (``STARTS``), and train on every reply in ``data/target_text`` the corpus
                                 of the four tasks (``corpus.py --sources``)
     smollm2-135m-eagle-self     from that head, on those and the replies to the requests the target wrote itself
                                 (``self_prompts.py``), which read like the evaluation's prompts
+    smollm2-135m-eagle-ttt      from that head, on every reply (twice the self-made ones), unrolled ``UNROLL``
+                                drafting steps on its own predictions (EAGLE-3's training-time test,
+                                ``heads.eagle_loss``) instead of teacher-forced only
 
-Both hold out the EAGLE-3 run's replies (``eagle3.heldout_indices``: records the first head never saw); a later
+Each holds out the EAGLE-3 run's replies (``eagle3.heldout_indices``: records the first head never saw); a later
 run also holds out ``eagle3.HELDOUT_RECORDS`` of the records its start never saw, spread evenly over them
 (``new_heldout``). A run is compared with its start on its held-out replies by ``eagle3.acceptance``.
 
@@ -30,7 +33,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.models import EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_TARGET, load_model
+from ..core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT,
+                           EMBEDDED_TARGET, load_model)
 from ..drafts.heads import read_head_config
 from ..paths import drafts_dir, repo_root
 from ..show import to_markdown
@@ -38,9 +42,11 @@ from . import cards, corpus, eagle3, features
 from .heads import HeadTrainConfig, HeadTrainer, load_dataset
 from .loop import CONFIG_FILE, STATE_FILE, copy_checkpoint, read_config, require_checkpoint, run_arguments
 
-STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_EAGLE_REPLIES}  # head: its start
-NAME = EMBEDDED_EAGLE_SELF  # the newest run
-UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance)
+STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_EAGLE_REPLIES,
+          EMBEDDED_EAGLE_TTT: EMBEDDED_EAGLE_SELF}  # head: its start
+NAME = EMBEDDED_EAGLE_TTT  # the newest run
+UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance), and trained on by the unrolled runs
+UNROLLED = {EMBEDDED_EAGLE_TTT}  # the runs trained with training-time test
 
 
 def training_dir(name: str = NAME) -> Path:
@@ -59,11 +65,12 @@ def new_heldout(seen: int, n_records: int) -> list[int]:
     return list(range(seen, n_records, every))[:count]
 
 
-def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_from: str = EMBEDDED_EAGLE
-               ) -> HeadTrainConfig:
+def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_from: str = EMBEDDED_EAGLE,
+               unroll: int = 1) -> HeadTrainConfig:
     """The run's settings: those stored in ``out_dir`` when it resumes, else the first head's recipe at half its
-    peak learning rate, from ``start_from``, on every record the corpus has now but the held-out ones: the EAGLE-3
-    run's, and for a start that is itself a continued head, ``new_heldout`` of the records it never saw."""
+    peak learning rate, ``unroll`` drafting steps, from ``start_from``, on every record the corpus has now but the
+    held-out ones: the EAGLE-3 run's, and for a start that is itself a continued head, ``new_heldout`` of the
+    records it never saw."""
     if (out_dir / CONFIG_FILE).exists():
         return read_config(out_dir / CONFIG_FILE, HeadTrainConfig)
     n = len(corpus.load_index(corpus_dir))
@@ -73,7 +80,7 @@ def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_
     if seen:
         heldout += new_heldout(seen, n)
     return HeadTrainConfig(steps=steps, lr=5e-4, warmup=100, eval_every=250, heldout=heldout,
-                           start_from=start_from, records=n)
+                           start_from=start_from, records=n, unroll=unroll)
 
 
 def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path | None = None,
@@ -125,7 +132,9 @@ def main(argv=None):
     if args.publish:
         publish(target, HeadTrainer.from_checkpoint(target, out_dir, "eagle"), args.head)
         return
-    trainer = make_trainer(target, out_dir, run_config(out_dir, args.steps, start_from=STARTS[args.head]))
+    unroll = UNROLL if args.head in UNROLLED else 1
+    trainer = make_trainer(target, out_dir, run_config(out_dir, args.steps, start_from=STARTS[args.head],
+                                                       unroll=unroll))
     trainer.run(max_minutes=args.minutes)
     print(trainer.log[-1])
 

@@ -28,6 +28,10 @@ from .batching import padded
 from .corpus import load_index
 
 
+SORTED_BATCHES = 16  # batches per chunk: a chunk's records are batched by length (a third less padding than in
+# corpus order), and a chunk is the unit of resumption
+
+
 def features_dir(target_name: str, root: Path | None = None) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(target_name)).strip("_")[-80:]
     return Path(root or paths.cache_dir() / "features") / safe
@@ -71,23 +75,30 @@ def extract_features(target, corpus_dir: Path | None = None, out_dir: Path | Non
     meta = {"target": target_name, "fingerprint": fingerprint, "hidden_size": hidden,
             "corpus": str(corpus_dir), "dtype": "float16", "records_done": done, "tokens": int(total)}
     bar = progress_bar(total=len(index), initial=done, desc="target features", disable=not progress)
-    for start in range(done, len(index), batch_size):
-        batch = index[start: start + batch_size]
-        seqs = [torch.from_numpy(tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))
-                for e in batch]
-        ids, mask = padded(seqs)
-        out = target(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-                     output_hidden_states=True, logits_to_keep=1)
-        feats = out.hidden_states[-1].to(torch.float16).cpu().numpy()
-        for r, e in enumerate(batch):
-            n = len(seqs[r])
-            store[e["offset"]: e["offset"] + n] = feats[r, :n]
-        store.flush()
-        meta.update(records_done=start + len(batch), tokens=int(total))
+    for start in range(done, len(index), batch_size * SORTED_BATCHES):
+        chunk = index[start: start + batch_size * SORTED_BATCHES]
+        by_length = sorted(chunk, key=lambda e: e["prompt_len"] + e["gen_len"])
+        for first in range(0, len(by_length), batch_size):
+            write_batch(target, tokens, by_length[first: first + batch_size], store)
+        store.flush()  # the chunk is done: the records before start + len(chunk) all have their features
+        meta.update(records_done=start + len(chunk), tokens=int(total))
         _meta_path(out_dir).write_text(json.dumps(meta, indent=1) + "\n")
-        bar.update(len(batch))
+        bar.update(len(chunk))
     bar.close()
     return meta
+
+
+def write_batch(target, tokens: np.ndarray, batch: list[dict], store: np.memmap) -> None:
+    """One padded target forward over the records ``batch`` (index entries); their last hidden states go to
+    ``store`` at their offsets."""
+    seqs = [torch.from_numpy(tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))
+            for e in batch]
+    ids, mask = padded(seqs)
+    out = target(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                 output_hidden_states=True, logits_to_keep=1)
+    feats = out.hidden_states[-1].to(torch.float16).cpu().numpy()
+    for r, e in enumerate(batch):
+        store[e["offset"]: e["offset"] + len(seqs[r])] = feats[r, : len(seqs[r])]
 
 
 def load_features(out_dir: Path) -> tuple[np.memmap, dict]:

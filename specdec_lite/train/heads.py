@@ -7,7 +7,9 @@ Data: target-made text (``corpus.py``) and the target's last hidden states over 
 - EAGLE-style head, at position i: input (f_i + noise, embedding of token i+1), output f'_{i+1}. Loss =
   ``regression_weight`` x smooth-L1(f'_{i+1}, f_{i+1}) + ``ce_weight`` x cross-entropy of the head's distribution
   lm_head(f'_{i+1}) against the target's lm_head(f_{i+1}) (both over the sub-vocabulary). The noise (uniform,
-  +-``feature_noise``) makes the head robust to its own prediction errors when it drafts on them.
+  +-``feature_noise``) makes the head robust to its own prediction errors when it drafts on them; with ``unroll``
+  > 1 it also trains on them (EAGLE-3's training-time test: the same loss after each of ``unroll`` drafting steps
+  on its own predictions, averaged).
 - Medusa head k (0-based), at position i: cross-entropy of lm_head(head_k(f_i)) against the target's
   distribution of the token i+2+k, lm_head(f_{i+1+k}).
 
@@ -48,6 +50,7 @@ class HeadTrainConfig:
     regression_weight: float = 1.0  # EAGLE: smooth-L1 on the predicted feature
     ce_weight: float = 0.1  # EAGLE: cross-entropy through the target's head
     feature_noise: float = 0.1  # EAGLE: uniform noise on input features
+    unroll: int = 1  # EAGLE-3's training-time test: drafting steps on the head's own predictions (1: none)
     heldout_fraction: float = 0.05
     eval_every: int = 200
     seed: int = 0
@@ -114,7 +117,10 @@ def soft_cross_entropy(logits, target_logits):
 
 
 def eagle_loss(head, embed, output: OutputLayer, batch, cfg: HeadTrainConfig, train: bool = True):
-    """(loss, metrics): see the module docstring. Position i's prediction is f'_{i+1}, which drafts token i+2."""
+    """(loss, metrics): see the module docstring. Position i's prediction is f'_{i+1}, which drafts token i+2. With
+    ``cfg.unroll`` > 1 the head also drafts on its own predictions (``EagleHead.unrolled``, EAGLE-3's training-time
+    test): step k at position i reads step k-1's prediction at i-1, and is held to the same f_{i+1}; the loss is
+    the mean over the steps, and the metrics of step k > 1 are suffixed ``_step{k}``."""
     ids, feats, valid, starts = batch
     L = ids.shape[1]
     inputs = feats[:, :-1]
@@ -122,10 +128,24 @@ def eagle_loss(head, embed, output: OutputLayer, batch, cfg: HeadTrainConfig, tr
         inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * cfg.feature_noise
     with torch.no_grad():
         token_emb = embed(ids[:, 1:])
-    predicted = head(inputs, token_emb, torch.arange(L - 1))  # (B, L-1, H)
+    if cfg.unroll > 1:
+        steps = head.unrolled(inputs, token_emb, cfg.unroll)  # [(B, L-1, H)] per drafting step
+    else:
+        steps = [head(inputs, token_emb, torch.arange(L - 1))]
     pos = torch.arange(L - 1)[None, :]
-    mask = valid[:, 1:] & (pos + 2 >= starts[:, None])  # token i+2 is a reply token (or the end)
-    pred, true = predicted[mask], feats[:, 1:][mask]
+    counted = valid[:, 1:] & (pos + 2 >= starts[:, None])  # token i+2 is a reply token (or the end)
+    losses, metrics = [], {}
+    for k, predicted in enumerate(steps):
+        mask = counted & (pos >= k)  # step k drafts on k earlier positions
+        loss, step = feature_loss(output, predicted[mask], feats[:, 1:][mask], cfg)
+        losses.append(loss)
+        metrics.update({name + (f"_step{k + 1}" if k else ""): value for name, value in step.items()})
+    return torch.stack(losses).mean(), metrics
+
+
+def feature_loss(output: OutputLayer, pred, true, cfg: HeadTrainConfig):
+    """(loss, metrics) of predicted features ``pred`` against the target's ``true`` ones (N, H): smooth-L1 plus the
+    cross-entropy of the head's distribution against the target's (over the sub-vocabulary), and the agreement."""
     regression = F.smooth_l1_loss(pred, true)
     logits, target_logits = output.sub_logits(pred), output.sub_logits(true)
     ce = soft_cross_entropy(logits, target_logits).mean()
