@@ -1,6 +1,7 @@
 """The first EAGLE head continued on more replies (specdec_lite.train.continued, train.heads) on a tiny random
 Llama: the run starts from a shipped head's weights and sub-vocabulary, holds out the records it is told to, resumes
 exactly in a new trainer, and is published only when it beats the head it started from."""
+import numpy as np
 import pytest
 import torch
 
@@ -122,3 +123,34 @@ def test_a_start_of_another_shape_and_missing_records_are_refused(shipped):
         FeatureDataset(records[:4], features.load_features(root / "f")[0], config(root, heldout=[10]))
     with pytest.raises(ValueError, match="extract the rest first"):
         load_dataset(root / "f", config(root), root / "text", max_records=len(records) + 1)
+
+
+def test_a_run_from_a_later_record_reads_only_its_features_and_holds_out_by_corpus_index(setting, tmp_path):
+    """The unrolled run trains on the records from the first self-made one on (``first_record``): their features
+    alone are extracted, they are what the full extraction gives, and held-out records are named by their index in
+    the whole corpus; a dataset or an extraction from an earlier record is refused, saying what to do."""
+    target, root = setting
+    records = corpus.load_records(root / "text")
+    first = len(records) // 2
+    meta = features.extract_features(target, root / "text", tmp_path / "f", "tiny", first_record=first,
+                                     progress=False)
+    assert (meta["first_record"], meta["records_done"]) == (first, len(records))
+    data, _ = load_dataset(tmp_path / "f", config(root, first_record=first, heldout=[first + 1]), root / "text")
+    assert len(data.items) == len(records) - first  # every record from the first on (all are short here)
+    tokens, feats, _ = data.items[data.heldout[0]]
+    entry, ids = records[first + 1]
+    assert tokens.tolist() == ids[:256].tolist()
+    full, _ = features.load_features(root / "f")
+    expected = np.asarray(full[entry["offset"]: entry["offset"] + len(tokens)], dtype=np.float32)
+    assert np.allclose(feats.float().numpy(), expected, atol=1e-2)  # float16 storage, batched with other rows
+    with pytest.raises(ValueError, match=f"records {first} on.*another folder"):
+        load_dataset(tmp_path / "f", config(root), root / "text")
+    with pytest.raises(ValueError, match=f"holds features of records {first} on"):
+        features.extract_features(target, root / "text", tmp_path / "f", "tiny", progress=False)
+
+
+def test_the_first_self_made_record_is_found_and_its_absence_refused():
+    index = [{"id": "src-code-1"}, {"id": "train-chat-2"}, {"id": "self-dialogue-3"}, {"id": "self-code-4"}]
+    assert corpus.first_self_made(index) == 2
+    with pytest.raises(ValueError, match="self_prompts"):
+        corpus.first_self_made(index[:2])

@@ -122,6 +122,9 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
                 "which the target's own output layer reads.")
         loss = (f"{cfg.regression_weight} x smooth-L1 on the predicted feature + {cfg.ce_weight} x cross-entropy "
                 f"against the target's distribution; input features with uniform noise +-{cfg.feature_noise}")
+        if getattr(cfg, "unroll", 1) > 1:
+            loss += (f"; training-time test: the same loss after each of {cfg.unroll} drafting steps on the head's "
+                     "own predictions, averaged")
     else:
         what = (f"{hc.num_heads} Medusa heads (Cai et al. 2024): residual blocks f + SiLU(W f + b) on the target's "
                 "last feature; head k predicts the token k places after the target's next token, through the "

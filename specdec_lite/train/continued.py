@@ -46,7 +46,8 @@ STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_
           EMBEDDED_EAGLE_TTT: EMBEDDED_EAGLE_SELF}  # head: its start
 NAME = EMBEDDED_EAGLE_TTT  # the newest run
 UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance), and trained on by the unrolled runs
-UNROLLED = {EMBEDDED_EAGLE_TTT}  # the runs trained with training-time test
+UNROLLED = {EMBEDDED_EAGLE_TTT}  # the runs trained with training-time test, on the self-made replies only: their
+# start has trained on the text before them, and that text's features would take most of a session to extract
 
 
 def training_dir(name: str = NAME) -> Path:
@@ -68,19 +69,22 @@ def new_heldout(seen: int, n_records: int) -> list[int]:
 def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_from: str = EMBEDDED_EAGLE,
                unroll: int = 1) -> HeadTrainConfig:
     """The run's settings: those stored in ``out_dir`` when it resumes, else the first head's recipe at half its
-    peak learning rate, ``unroll`` drafting steps, from ``start_from``, on every record the corpus has now but the
-    held-out ones: the EAGLE-3 run's, and for a start that is itself a continued head, ``new_heldout`` of the
-    records it never saw."""
+    peak learning rate, from ``start_from``, on every record the corpus has now but the held-out ones: the EAGLE-3
+    run's, and for a start that is itself a continued head, ``new_heldout`` of the records it never saw. With
+    ``unroll`` > 1, training-time test of that many steps, on the replies to the target's own requests only (from
+    the first of them on)."""
     if (out_dir / CONFIG_FILE).exists():
         return read_config(out_dir / CONFIG_FILE, HeadTrainConfig)
-    n = len(corpus.load_index(corpus_dir))
+    index = corpus.load_index(corpus_dir)
+    n = len(index)
     heldout = eagle3.heldout_indices(n)
     start = drafts_dir() / start_from / CONFIG_FILE
     seen = read_config(start, HeadTrainConfig).records if start.exists() else 0  # 0: not a continued head
     if seen:
         heldout += new_heldout(seen, n)
+    first = corpus.first_self_made(index) if unroll > 1 else 0
     return HeadTrainConfig(steps=steps, lr=5e-4, warmup=100, eval_every=250, heldout=heldout,
-                           start_from=start_from, records=n, unroll=unroll)
+                           start_from=start_from, records=n, unroll=unroll, first_record=first)
 
 
 def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path | None = None,
@@ -88,7 +92,8 @@ def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path |
     """The run's trainer (``cfg``: ``run_config``'s) over its records' features, extracted first where missing
     (resumable)."""
     features_path = features_path or features.features_dir(target_name)
-    features.extract_features(target, corpus_dir, features_path, target_name, max_records=cfg.records)
+    features.extract_features(target, corpus_dir, features_path, target_name, max_records=cfg.records,
+                              first_record=cfg.first_record)
     data, _ = load_dataset(features_path, cfg, corpus_dir, max_records=cfg.records)
     head_cfg = read_head_config(drafts_dir() / cfg.start_from)
     return HeadTrainer(target, head_cfg, data, cfg, out_dir)
@@ -114,7 +119,7 @@ def publish(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = N
               "replies; train on (rerun without --publish)")
         return comparison
     out_dir = copy_checkpoint(trainer.out_dir, drafts_dir() / name)
-    index = corpus.load_index(corpus_dir)[: trainer.cfg.records]
+    index = corpus.load_index(corpus_dir)[trainer.cfg.first_record: trainer.cfg.records]
     cards.head_card(out_dir, trainer, index, trained_by=f"`python -m specdec_lite.train.continued --head {name}`")
     cards.append_comparison(out_dir, comparison, "`specdec_lite.train.continued.compare_heads`",
                             "the head it started from")

@@ -174,6 +174,16 @@ def load_index(out_dir: Path | None = None) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def first_self_made(index: list[dict]) -> int:
+    """The index of the first record that answers a prompt made from the target's own requests (``self-`` ids);
+    the corpus has appended only those since. Refused when there is none."""
+    first = next((i for i, e in enumerate(index) if e["id"].startswith("self-")), None)
+    if first is None:
+        raise ValueError("the corpus holds no replies to the target's own requests: write them first (python -m "
+                         "specdec_lite.train.self_prompts, then python -m specdec_lite.train.corpus --self-made)")
+    return first
+
+
 def load_records(out_dir: Path | None = None) -> list[tuple[dict, np.ndarray]]:
     """[(index entry, token ids of prompt + reply)] for every stored record (none in a new folder)."""
     out_dir = Path(out_dir or paths.corpus_dir())

@@ -47,9 +47,11 @@ def feature_store(out_dir: Path, total_tokens: int, hidden_size: int, mode: str 
 
 @torch.inference_mode()
 def extract_features(target, corpus_dir: Path | None = None, out_dir: Path | None = None, target_name: str = "",
-                     batch_size: int = 16, max_records: int | None = None, progress: bool = True) -> dict:
-    """Write the target's last hidden state at every token of the first ``max_records`` corpus records (all by
-    default) to ``out_dir``; resumes where an earlier run stopped. Returns the metadata (see ``load_features``)."""
+                     batch_size: int = 16, max_records: int | None = None, progress: bool = True,
+                     first_record: int = 0) -> dict:
+    """Write the target's last hidden state at every token of corpus records ``first_record`` to ``max_records`` - 1
+    (to the last by default) to ``out_dir``; resumes where an earlier run stopped (the features cover one range of
+    records, from the ``first_record`` of the first run on). Returns the metadata (see ``load_features``)."""
     from ..show import progress_bar
 
     corpus_dir = Path(corpus_dir or paths.corpus_dir())
@@ -66,14 +68,19 @@ def extract_features(target, corpus_dir: Path | None = None, out_dir: Path | Non
     if meta and (meta["fingerprint"] != fingerprint or meta["hidden_size"] != hidden):
         raise ValueError(f"{out_dir} holds features of another model (fingerprint {meta['fingerprint']}, this "
                          f"target {fingerprint}); give another out_dir or delete that folder")
-    done = meta.get("records_done", 0)
+    first = meta.get("first_record", 0) if meta else first_record
+    if first > first_record:
+        raise ValueError(f"{out_dir} holds features of records {first} on, and record {first_record} on are asked "
+                         "for: give another out_dir, or delete that folder to start again")
+    done = meta.get("records_done", first)
     path = out_dir / "features.f16"
     with open(path, "ab") as f:  # grow the file to the corpus size (the corpus only ever grows)
         f.truncate(max(path.stat().st_size, total * hidden * 2))
     store = feature_store(out_dir, total, hidden, mode="r+")
     tokens = np.fromfile(corpus_dir / "tokens.bin", dtype=np.uint16)
     meta = {"target": target_name, "fingerprint": fingerprint, "hidden_size": hidden,
-            "corpus": str(corpus_dir), "dtype": "float16", "records_done": done, "tokens": int(total)}
+            "corpus": str(corpus_dir), "dtype": "float16", "first_record": first, "records_done": done,
+            "tokens": int(total)}
     bar = progress_bar(total=len(index), initial=done, desc="target features", disable=not progress)
     for start in range(done, len(index), batch_size * SORTED_BATCHES):
         chunk = index[start: start + batch_size * SORTED_BATCHES]
@@ -102,12 +109,12 @@ def write_batch(target, tokens: np.ndarray, batch: list[dict], store: np.memmap)
 
 
 def load_features(out_dir: Path) -> tuple[np.memmap, dict]:
-    """(features (tokens, hidden) float16 memmap aligned with tokens.bin, metadata); only the first
-    ``meta['records_done']`` records of the corpus index are filled."""
+    """(features (tokens, hidden) float16 memmap aligned with tokens.bin, metadata); only records
+    ``meta['first_record']`` to ``meta['records_done']`` - 1 of the corpus index are filled."""
     out_dir = Path(out_dir)
     if not _meta_path(out_dir).exists():
         raise FileNotFoundError(f"no features in {out_dir}: run `python -m specdec_lite.train.features` first")
-    meta = json.loads(_meta_path(out_dir).read_text())
+    meta = {"first_record": 0, **json.loads(_meta_path(out_dir).read_text())}  # older folders start at 0
     return feature_store(out_dir, meta["tokens"], meta["hidden_size"]), meta
 
 
@@ -119,11 +126,13 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="default: the cache folder for this target")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-records", type=int, default=None)
+    parser.add_argument("--first-record", type=int, default=0, help="the first record to extract (a new folder)")
     args = parser.parse_args(argv)
     model, _ = load_model(args.target, dtype=args.dtype)
     out = Path(args.out) if args.out else features_dir(args.target)
-    meta = extract_features(model, Path(args.corpus), out, args.target, args.batch_size, args.max_records)
-    print(f"{meta['records_done']} records, {meta['tokens']} tokens of features in {out}")
+    meta = extract_features(model, args.corpus and Path(args.corpus), out, args.target, args.batch_size,
+                            args.max_records, first_record=args.first_record)
+    print(f"records {meta['first_record']} to {meta['records_done'] - 1}: features in {out}")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ class HeadTrainConfig:
     seed: int = 0
     heldout: list = field(default_factory=list)  # corpus record indices held out (empty: a random heldout_fraction)
     start_from: str = ""  # a shipped head (drafts folder name) whose weights and sub-vocabulary training starts from
-    records: int = 0  # the first this many corpus records are the run's data (0: as many as are given)
+    records: int = 0  # the corpus records before this one are the run's data (0: as many as are given)
+    first_record: int = 0  # and those from this one on
 
 
 HEAD_KINDS = ("eagle", "medusa")
@@ -73,7 +74,8 @@ def check_kinds(kinds) -> list[str]:
 
 class FeatureDataset:
     """Records of the corpus with their features, in memory; a fixed held-out split by record: the records
-    ``cfg.heldout`` names (their corpus indices), else a random ``cfg.heldout_fraction`` of them."""
+    ``cfg.heldout`` names (their corpus indices; ``records`` are the corpus's from ``cfg.first_record`` on), else a
+    random ``cfg.heldout_fraction`` of them."""
 
     def __init__(self, records, features: np.ndarray, cfg: HeadTrainConfig):
         self.items = []  # (tokens (L,), features (L, H) float16, reply_start)
@@ -84,7 +86,7 @@ class FeatureDataset:
                 start = entry["offset"]
                 self.items.append((torch.from_numpy(arr[:n]),
                                    torch.from_numpy(np.array(features[start: start + n])), entry["prompt_len"]))
-                record_of.append(i)
+                record_of.append(cfg.first_record + i)
         if cfg.heldout:
             held = set(cfg.heldout)
             self.heldout = [j for j, i in enumerate(record_of) if i in held]
@@ -304,11 +306,16 @@ def describe(trainer: HeadTrainer) -> str:
 
 
 def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_records: int | None = None):
-    """The corpus records that have features (the first ``records_done`` of the index)."""
+    """The corpus records from ``cfg.first_record`` on that have features, up to ``max_records`` (all by default)."""
 
     features, meta = load_features(features_dir)
-    records = load_records(corpus_dir)[: meta["records_done"]]
-    if max_records and len(records) < max_records:
-        raise ValueError(f"{features_dir} has features of {len(records)} corpus records, and {max_records} are asked "
-                         "for: extract the rest first (python -m specdec_lite.train.features)")
-    return FeatureDataset(records[:max_records] if max_records else records, features, cfg), meta
+    if cfg.first_record < meta["first_record"]:
+        raise ValueError(f"{features_dir} has features of records {meta['first_record']} on, and {cfg.first_record} "
+                         "on are asked for: extract them into another folder (python -m "
+                         "specdec_lite.train.features --first-record N --out F)")
+    end = max_records or meta["records_done"]
+    if meta["records_done"] < end:
+        raise ValueError(f"{features_dir} has features of corpus records up to {meta['records_done']}, and {end} are "
+                         "asked for: extract the rest first (python -m specdec_lite.train.features)")
+    records = load_records(corpus_dir)[cfg.first_record: end]
+    return FeatureDataset(records, features, cfg), meta
