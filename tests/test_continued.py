@@ -91,7 +91,7 @@ def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped)
     same = trainer(target, root, "same", config(root, steps=1, lr=0.0))
     same.run(progress=False)
     assert not eagle3.is_better(continued.publish(target, same, continued.NAME, root / "text")) and not published.exists()
-    good = trainer(target, root, "good", config(root))
+    good = trainer(target, root, "good", config(root, unroll=continued.UNROLL))  # as the newest run trains
     good.run(progress=False)
     comparison = continued.publish(target, good, continued.NAME, root / "text")
     assert eagle3.is_better(comparison) and list(comparison.index) == [
@@ -100,6 +100,7 @@ def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped)
     card = (published / "README.md").read_text()
     assert f"Started from the weights of `{EMBEDDED_EAGLE}`" in card and "3 records held out" in card
     assert "the head it started from beside this one" in card and "continued.compare_heads" in card
+    assert f"training-time test: the same loss after each of {continued.UNROLL} drafting steps" in card
     assert isinstance(sd.load_draft(continued.NAME, target), sd.EagleDraft)
 
 

@@ -157,7 +157,8 @@ def test_unrolled_training_predictions_are_the_drafting_chain():
 def test_unrolled_head_loss_is_the_one_step_loss_plus_the_drafting_steps():
     """HeadTrainer's training-time test: step 1 of the unrolled loss is the teacher-forced loss, and step k is the
     same loss on the features the head drafts on its own predictions (``unrolled``, held to the drafting chain
-    above), counted at the reply positions with k - 1 earlier ones; the loss is the mean over the steps."""
+    above), counted at the reply positions with k - 1 earlier ones; the loss is their sum, step k weighted
+    0.8^(k-1)."""
     target = tiny_llama(vocab=64, hidden=32, seed=2)
     draft = random_head_draft(target, "eagle")
     head, embed, output = draft.head.float(), target.get_input_embeddings(), draft.output
@@ -185,7 +186,7 @@ def test_unrolled_head_loss_is_the_one_step_loss_plus_the_drafting_steps():
         assert metrics["ce" + suffix] == pytest.approx(step["ce"], rel=1e-5)
     assert one_metrics == pytest.approx({k: v for k, v in metrics.items() if "_step" not in k}, rel=1e-6)
     assert one.item() == pytest.approx(losses[0].item(), rel=1e-5)
-    assert three.item() == pytest.approx(sum(losses).item() / 3, rel=1e-5)
+    assert three.item() == pytest.approx((losses[0] + 0.8 * losses[1] + 0.64 * losses[2]).item(), rel=1e-5)
     assert metrics["regression_step3"] != pytest.approx(metrics["regression"], rel=1e-3)  # the steps differ
 
 

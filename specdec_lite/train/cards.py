@@ -17,6 +17,7 @@ from ..drafts.heads import parameter_count
 from ..paths import drafts_dir
 from ..show import to_markdown
 from .draft import directory_megabytes
+from .heads import STEP_WEIGHT
 
 
 def _cell(key: str, value) -> str:
@@ -124,7 +125,7 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
                 f"against the target's distribution; input features with uniform noise +-{cfg.feature_noise}")
         if getattr(cfg, "unroll", 1) > 1:
             loss += (f"; training-time test: the same loss after each of {cfg.unroll} drafting steps on the head's "
-                     "own predictions, averaged")
+                     f"own predictions, step k weighted {STEP_WEIGHT}^(k-1)")
     else:
         what = (f"{hc.num_heads} Medusa heads (Cai et al. 2024): residual blocks f + SiLU(W f + b) on the target's "
                 "last feature; head k predicts the token k places after the target's next token, through the "

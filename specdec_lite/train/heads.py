@@ -9,7 +9,7 @@ Data: target-made text (``corpus.py``) and the target's last hidden states over 
   lm_head(f'_{i+1}) against the target's lm_head(f_{i+1}) (both over the sub-vocabulary). The noise (uniform,
   +-``feature_noise``) makes the head robust to its own prediction errors when it drafts on them; with ``unroll``
   > 1 it also trains on them (EAGLE-3's training-time test: the same loss after each of ``unroll`` drafting steps
-  on its own predictions, averaged).
+  on its own predictions, step k weighted 0.8^(k-1)).
 - Medusa head k (0-based), at position i: cross-entropy of lm_head(head_k(f_i)) against the target's
   distribution of the token i+2+k, lm_head(f_{i+1+k}).
 
@@ -60,6 +60,7 @@ class HeadTrainConfig:
     first_record: int = 0  # and those from this one on
 
 
+STEP_WEIGHT = 0.8  # the weight of each further unrolled step (EAGLE-3's): a later token is accepted less often
 HEAD_KINDS = ("eagle", "medusa")
 HEAD_FILES = (HEAD_CONFIG, "head.safetensors", CONFIG_FILE, LOG_FILE)  # a finished head checkpoint
 
@@ -122,7 +123,8 @@ def eagle_loss(head, embed, output: OutputLayer, batch, cfg: HeadTrainConfig, tr
     """(loss, metrics): see the module docstring. Position i's prediction is f'_{i+1}, which drafts token i+2. With
     ``cfg.unroll`` > 1 the head also drafts on its own predictions (``EagleHead.unrolled``, EAGLE-3's training-time
     test): step k at position i reads step k-1's prediction at i-1, and is held to the same f_{i+1}; the loss is
-    the mean over the steps, and the metrics of step k > 1 are suffixed ``_step{k}``."""
+    the sum over the steps weighted ``STEP_WEIGHT`` ** (k - 1), and the metrics of step k > 1 are suffixed
+    ``_step{k}``."""
     ids, feats, valid, starts = batch
     L = ids.shape[1]
     inputs = feats[:, :-1]
@@ -140,9 +142,9 @@ def eagle_loss(head, embed, output: OutputLayer, batch, cfg: HeadTrainConfig, tr
     for k, predicted in enumerate(steps):
         mask = counted & (pos >= k)  # step k drafts on k earlier positions
         loss, step = feature_loss(output, predicted[mask], feats[:, 1:][mask], cfg)
-        losses.append(loss)
+        losses.append(STEP_WEIGHT ** k * loss)
         metrics.update({name + (f"_step{k + 1}" if k else ""): value for name, value in step.items()})
-    return torch.stack(losses).mean(), metrics
+    return torch.stack(losses).sum(), metrics
 
 
 def feature_loss(output: OutputLayer, pred, true, cfg: HeadTrainConfig):
