@@ -98,11 +98,16 @@ def test_a_head_is_published_only_when_it_beats_the_first(texts, tmp_path, monke
     assert sd.load_draft("auto", target).head.eagle.feature_layers == tuple(good.layers)
 
 
-def test_better_is_a_higher_t1_acceptance_and_no_lower_greedy_agreement():
+def test_better_is_more_tokens_accepted_by_a_chain_at_t1_and_no_lower_greedy_agreement():
     import pandas as pd
 
-    def table(agree, accept):
-        return pd.DataFrame({"heldout_agreement_step1": [0.5, agree], "heldout_acceptance_t1_step1": [0.4, accept]})
+    def table(agree, *accept):  # the start: agreement 0.5, acceptance 0.4 at each of two steps (0.4 + 0.16 = 0.56)
+        rows = {"heldout_agreement_step1": [0.5, agree]}
+        rows.update({f"heldout_acceptance_t1_step{k + 1}": [0.4, a] for k, a in enumerate(accept)})
+        return pd.DataFrame(rows)
 
-    assert eagle3.is_better(table(0.6, 0.5)) and eagle3.is_better(table(0.5, 0.41))
-    assert not eagle3.is_better(table(0.6, 0.4)) and not eagle3.is_better(table(0.49, 0.5))
+    assert eagle3.chain_tokens(table(0.5, 0.5, 0.2).iloc[1]) == pytest.approx(0.5 + 0.5 * 0.2)
+    assert eagle3.is_better(table(0.6, 0.5, 0.4)) and eagle3.is_better(table(0.5, 0.41, 0.4))
+    assert eagle3.is_better(table(0.5, 0.4, 0.45))  # the first step tied, the second better: an unrolled head
+    assert not eagle3.is_better(table(0.6, 0.45, 0.2))  # 0.45 + 0.09 < 0.56: the first step alone does not decide
+    assert not eagle3.is_better(table(0.49, 0.5, 0.5))  # a lower greedy agreement

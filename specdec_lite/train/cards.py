@@ -123,7 +123,7 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
                 "which the target's own output layer reads.")
         loss = (f"{cfg.regression_weight} x smooth-L1 on the predicted feature + {cfg.ce_weight} x cross-entropy "
                 f"against the target's distribution; input features with uniform noise +-{cfg.feature_noise}")
-        if getattr(cfg, "unroll", 1) > 1:
+        if cfg.unroll > 1:
             loss += (f"; training-time test: the same loss after each of {cfg.unroll} drafting steps on the head's "
                      f"own predictions, step k weighted {STEP_WEIGHT}^(k-1)")
     else:
@@ -134,6 +134,9 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
     heldout = [k for k in (trainer.log[-1] if trainer.log else {}) if k.startswith("heldout_")]
     held = (f"{len(cfg.heldout)} records held out (replies to prompts of the four tasks)" if cfg.heldout
             else f"{cfg.heldout_fraction:.0%} of the records held out")
+    if cfg.heldout and cfg.first_record:
+        within = sum(i >= cfg.first_record for i in cfg.heldout)
+        held += f", {within} of them among its records (corpus records {cfg.first_record} on: the table's held-out)"
     start = f"Started from the weights of `{cfg.start_from}`. " if cfg.start_from else ""
     record_training_data(out_dir, corpus_index)
     return write_card(

@@ -109,9 +109,9 @@ def compare_heads(target, trainer: HeadTrainer, name: str, corpus_dir: Path | No
 
 
 def publish(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = None) -> pd.DataFrame:
-    """Compare the run's head with the one it started from and, when it is better (``eagle3.is_better``: a higher
-    T = 1 acceptance of the first drafted token and a greedy agreement no lower), copy it into the drafts folder
-    as ``name`` with its card (both heads' figures); returns the comparison."""
+    """Compare the run's head with the one it started from and, when it is better (``eagle3.is_better``: more
+    tokens accepted by a chain of ``UNROLL`` drafts at T = 1, a greedy agreement at the first no lower), copy it
+    into the drafts folder as ``name`` with its card (both heads' figures); returns the comparison."""
     comparison = compare_heads(target, trainer, name, corpus_dir)
     print(to_markdown(comparison.reset_index()))
     if not eagle3.is_better(comparison):
