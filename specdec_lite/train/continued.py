@@ -47,7 +47,7 @@ STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_
 NAME = EMBEDDED_EAGLE_TTT  # the newest run
 UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance), and trained on by the unrolled runs
 UNROLLED = {EMBEDDED_EAGLE_TTT}  # the runs trained with training-time test, on the self-made replies only: their
-# start has trained on the text before them, and that text's features would take most of a session to extract
+# start has trained on the text before them, whose features would take three times as long again to extract
 
 
 def training_dir(name: str = NAME) -> Path:
