@@ -5,15 +5,15 @@ The EAGLE-3-style head (``eagle3.py``) saw more text, but most of it teacher-for
 trees draft fewer tokens a round on it (docs/SPEED.md). The runs here keep the first head's architecture and recipe
 (``heads.py``: the target's last hidden state by teacher forcing, smooth-L1 on the next feature plus cross-entropy
 through the target's head, noise on the input features), start from the weights and sub-vocabulary of the head
-before (``STARTS``), and train on every reply in ``data/target_text`` the corpus held at their first start:
+before (``STARTS``), and train on replies in ``data/target_text`` the corpus held at their first start:
 
     smollm2-135m-eagle-replies  from the first head, on the replies to the templates and to the harvested prompts
                                 of the four tasks (``corpus.py --sources``)
     smollm2-135m-eagle-self     from that head, on those and the replies to the requests the target wrote itself
                                 (``self_prompts.py``), which read like the evaluation's prompts
-    smollm2-135m-eagle-ttt      from that head, on every reply (twice the self-made ones), unrolled ``UNROLL``
-                                drafting steps on its own predictions (EAGLE-3's training-time test,
-                                ``heads.eagle_loss``) instead of teacher-forced only
+    smollm2-135m-eagle-ttt      from that head, on the replies to the target's own requests only (those it saw
+                                and the newer ones), unrolled ``UNROLL`` drafting steps on its own predictions
+                                (EAGLE-3's training-time test, ``heads.eagle_loss``), not teacher-forced only
 
 Each holds out the EAGLE-3 run's replies (``eagle3.heldout_indices``: records the first head never saw); a later
 run also holds out ``eagle3.HELDOUT_RECORDS`` of the records its start never saw, spread evenly over them

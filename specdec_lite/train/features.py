@@ -85,8 +85,8 @@ def extract_features(target, corpus_dir: Path | None = None, out_dir: Path | Non
     for start in range(done, len(index), batch_size * SORTED_BATCHES):
         chunk = index[start: start + batch_size * SORTED_BATCHES]
         by_length = sorted(chunk, key=lambda e: e["prompt_len"] + e["gen_len"])
-        for first in range(0, len(by_length), batch_size):
-            write_batch(target, tokens, by_length[first: first + batch_size], store)
+        for i in range(0, len(by_length), batch_size):
+            write_batch(target, tokens, by_length[i: i + batch_size], store)
         store.flush()  # the chunk is done: the records before start + len(chunk) all have their features
         meta.update(records_done=start + len(chunk), tokens=int(total))
         _meta_path(out_dir).write_text(json.dumps(meta, indent=1) + "\n")
