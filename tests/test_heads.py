@@ -179,7 +179,7 @@ def test_unrolled_head_loss_is_the_one_step_loss_plus_the_drafting_steps():
         rows = [(b, i) for b in range(B) for i in range(k, L - 1) if valid[b, i + 1] and i + 2 >= starts[b]]
         pred = torch.stack([predicted[b, i] for b, i in rows])
         true = torch.stack([feats[b, i + 1] for b, i in rows])
-        loss, step = feature_loss(output, pred, true, HeadTrainConfig())
+        loss, step = feature_loss(output, pred, true, output.sub_logits(true), HeadTrainConfig())
         losses.append(loss)
         suffix = f"_step{k + 1}" if k else ""
         assert metrics["regression" + suffix] == pytest.approx(step["regression"], rel=1e-5)

@@ -138,20 +138,24 @@ def eagle_loss(head, embed, output: OutputLayer, batch, cfg: HeadTrainConfig, tr
         steps = [head(inputs, token_emb, torch.arange(L - 1))]
     pos = torch.arange(L - 1)[None, :]
     counted = valid[:, 1:] & (pos + 2 >= starts[:, None])  # token i+2 is a reply token (or the end)
+    true = feats[:, 1:][counted]  # (N, H): the target's features, and below its logits, the same at every step
+    with torch.no_grad():
+        true_logits = output.sub_logits(true)
     losses, metrics = [], {}
     for k, predicted in enumerate(steps):
-        mask = counted & (pos >= k)  # step k drafts on k earlier positions
-        loss, step = feature_loss(output, predicted[mask], feats[:, 1:][mask], cfg)
+        drafted = (pos >= k).expand_as(counted)[counted]  # step k drafts on k earlier positions
+        loss, step = feature_loss(output, predicted[counted][drafted], true[drafted], true_logits[drafted], cfg)
         losses.append(STEP_WEIGHT ** k * loss)
         metrics.update({name + (f"_step{k + 1}" if k else ""): value for name, value in step.items()})
     return torch.stack(losses).sum(), metrics
 
 
-def feature_loss(output: OutputLayer, pred, true, cfg: HeadTrainConfig):
-    """(loss, metrics) of predicted features ``pred`` against the target's ``true`` ones (N, H): smooth-L1 plus the
-    cross-entropy of the head's distribution against the target's (over the sub-vocabulary), and the agreement."""
+def feature_loss(output: OutputLayer, pred, true, target_logits, cfg: HeadTrainConfig):
+    """(loss, metrics) of predicted features ``pred`` against the target's ``true`` ones (N, H) and its logits
+    ``target_logits`` (N, S, over the sub-vocabulary): smooth-L1 plus the cross-entropy of the head's distribution
+    against the target's, and the agreement."""
     regression = F.smooth_l1_loss(pred, true)
-    logits, target_logits = output.sub_logits(pred), output.sub_logits(true)
+    logits = output.sub_logits(pred)
     ce = soft_cross_entropy(logits, target_logits).mean()
     agree = (logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
     loss = cfg.regression_weight * regression + cfg.ce_weight * ce
