@@ -8,8 +8,8 @@ from specdec_lite.core import tree as tree_module
 from specdec_lite.core.decode import EXACT
 from specdec_lite.core.drafter import ModelDraft
 from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
-from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, LookupTreeDraft, best_budget,
-                                      SampledTreeDraft, measured_dynamic_tree)
+from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft,
+                                      best_budget, SampledTreeDraft, measured_dynamic_tree)
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import TREE_MUTANTS
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
@@ -295,6 +295,8 @@ EAGLE_TREES = {
     "dynamic tree": lambda head: DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2),
     "chosen adaptive EAGLE tree": lambda head: EagleTreeDraft(head, width=2,
                                                                adaptive=AdaptiveLength(threshold=0.5, step=0.0)),
+    "drawn hybrid tree": lambda head: HybridTreeDraft(LookupTreeDraft(branches=2),
+                                                      EagleTreeDraft(head, width=2, draw=True)),
 }
 EAGLE_PROMPT = [0, 2]
 
@@ -320,12 +322,24 @@ def test_exact_law_of_eagle_trees(kind, sampling):
     assert max_abs_difference(got, want) < 1e-9
 
 
+@pytest.mark.parametrize("name", [name for name in TREE_MUTANTS if "compaction" not in name])
+def test_enumeration_rejects_broken_verifiers_of_the_drawn_hybrid_tree(name):
+    """Lookup branches (chosen) and the head's drawn candidates under the same parents: each broken tree verifier
+    moves the law of the first 3 tokens by more than 1e-3 (the exact verifier: 1e-9, above)."""
+    target = tiny_llama(vocab=3, layers=2, seed=11).double()
+    sampling = sd.SamplingParams(temperature=1.0)
+    want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
+    got = exact_speculative_distribution(target, eagle_tree("drawn hybrid tree", target), EAGLE_PROMPT, gamma=2,
+                                         n=3, sampling=sampling, verifier=TREE_MUTANTS[name])
+    assert max_abs_difference(got, want) > 1e-3
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["drawn EAGLE tree", "dynamic tree"])
+@pytest.mark.parametrize("kind", ["drawn EAGLE tree", "dynamic tree", "drawn hybrid tree"])
 def test_t1_eagle_trees_keep_the_target_law(kind):
     """The EAGLE head's trees at T = 1, gamma 2, on a tiny Llama (its tree forward: mask and positions) with a
-    random EAGLE-3-style head: the chain and its siblings drawn from q (width 2), or EAGLE-2's dynamic tree (chosen
-    candidates). The first round is the prefill, so the first three tokens are where the tree acts. n = 3,000 runs
+    random EAGLE-3-style head: the chain and its siblings drawn from q (width 2), EAGLE-2's dynamic tree (chosen
+    candidates), or lookup branches with the head's drawn candidates (the hybrid). The first round is the prefill, so the first three tokens are where the tree acts. n = 3,000 runs
     of the real loop; chi-square of the first three tokens (27 cells) against the target's exact law at level
     1e-3. Against the loop with the residual left out of the verifier the test's power, from that loop's law by
     enumeration, is > 0.99, and it rejects that loop run."""
@@ -348,14 +362,17 @@ def test_t1_eagle_trees_keep_the_target_law(kind):
     assert chi_square_pvalue(first_three(broken_verifier, n), want) < 1e-3
 
 
+@pytest.mark.parametrize("kind", ["drawn EAGLE tree", "drawn hybrid tree"])
 @pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["T1", "greedy"])
-def test_tree_law_is_what_the_live_drafter_draws(temperature):
-    """The enumerated trees are the live drafter's: 200 trees the drawn EAGLE tree proposes (its caches primed
-    as the loop leaves them after a 4-token context) are each among ``tree_law``'s trees, with the same q at
-    every node to 1e-5, and the law's probabilities sum to 1; greedy, the one tree is the live one."""
+def test_tree_law_is_what_the_live_drafter_draws(temperature, kind):
+    """The enumerated trees are the live drafter's: 200 trees the drawn EAGLE tree (alone, or with the hybrid's
+    lookup branches) proposes (its caches primed as the loop leaves them after a 4-token context) are each among
+    ``tree_law``'s trees, with the same q at every node to 1e-5, and the law's probabilities sum to 1; greedy, the
+    one tree is the live one."""
     target = tiny_llama(vocab=3, layers=2, seed=11)
     sampling, context = sd.SamplingParams(temperature=temperature), torch.tensor([[0, 2, 1, 2]])
-    drafter = eagle_tree("drawn EAGLE tree", target)
+    drafter = eagle_tree(kind, target)
+    lookup_nodes = 2 if kind == "drawn hybrid tree" else 0  # the context's last token, 2, was followed by 1
     law = {(tuple(t.tokens.tolist()), tuple(t.parents.tolist())): t
            for t, _ in drafter.tree_law(context[0], 2, sampling)}
     assert abs(sum(pr for _, pr in drafter.tree_law(context[0], 2, sampling)) - 1) < 1e-12
@@ -363,17 +380,21 @@ def test_tree_law_is_what_the_live_drafter_draws(temperature):
     for _ in range(200 if temperature else 1):
         _observed(target, drafter, context)
         live = drafter.propose_tree(context, torch.tensor([4]), 2, sampling, generator)
-        assert live.size == 1 + 2 + 2  # two candidates at each of the two depths
         enumerated = law[(tuple(live.tokens.tolist()), tuple(live.parents.tolist()))]
         assert torch.equal(live.drawn, enumerated.drawn)
+        if temperature or not lookup_nodes:  # greedy, the head's chosen nodes may merge with the lookup's
+            assert live.size == 1 + 2 + 2 + lookup_nodes  # two candidates at each of the two depths
         if temperature:
-            assert torch.allclose(live.q[1:].double(), enumerated.q[1:], atol=1e-5)
-    assert len(law) == (81 if temperature else 1)
+            assert int(live.drawn.sum()) == 4  # the head's, drawn; the lookup's are chosen
+            drawn = live.drawn.nonzero().flatten()
+            assert torch.allclose(live.q[drawn].double(), enumerated.q[drawn], atol=1e-5)
+    assert len(law) == (36 if temperature else 1)  # 3 x 2 ordered pairs of distinct tokens at each depth
 
 
-def test_drawn_candidates_are_drawn():
-    """With draw=True at T = 1 every candidate carries the q it was drawn from, and siblings repeat (drawn with
-    replacement), which the head's two most likely tokens never do."""
+def test_drawn_candidates_are_drawn_without_replacement():
+    """With draw=True at T = 1 every candidate carries the q it was drawn from: the second sibling's is the
+    first's with the first's token removed and renormalised, so siblings never repeat; and the first candidate is
+    not always the head's most likely token (it is drawn)."""
     from test_heads import random_head_draft
 
     target = tiny_llama(vocab=3, layers=2, seed=11)
@@ -385,7 +406,33 @@ def test_drawn_candidates_are_drawn():
                                 sampling=sd.SamplingParams(temperature=1.0), seed=s)
     drawn = [t for t in trees if t.size > 1]
     assert drawn and all(bool(t.drawn[1:].all()) for t in drawn)
-    assert any(int(t.tokens[1]) == int(t.tokens[2]) for t in drawn)
+    for t in drawn:
+        first, second = t.children(0)
+        assert int(t.tokens[first]) != int(t.tokens[second])
+        want = t.q[first].clone()
+        want[t.tokens[first]] = 0
+        assert torch.allclose(t.q[second], want / want.sum())
+    assert any(int(t.tokens[1]) != int(t.q[1].argmax()) for t in drawn)
+
+
+class UnconditionalSiblings(EagleTreeDraft):
+    """A broken drawn tree: siblings drawn without replacement but recorded with the unconditional q."""
+
+    def candidate_law(self, logits, sampling):
+        return [(tokens, [qs[0]] * len(qs), prob) for tokens, qs, prob in super().candidate_law(logits, sampling)]
+
+
+def test_siblings_verified_with_the_unconditional_q_break_the_law():
+    """The q each sibling records matters: verified with q instead of the conditional law it was drawn from, the
+    second sibling makes the first 3 tokens' law differ from the target's by more than 1e-3 (1e-9 when right)."""
+    from test_heads import random_head_draft
+
+    target = tiny_llama(vocab=3, layers=2, seed=11).double()
+    sampling = sd.SamplingParams(temperature=1.0)
+    want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
+    broken = UnconditionalSiblings(random_head_draft(target, "eagle3", seed=3), width=2, draw=True)
+    got = exact_speculative_distribution(target, broken, EAGLE_PROMPT, gamma=2, n=3, sampling=sampling)
+    assert max_abs_difference(got, want) > 1e-3
 
 
 def test_the_node_budget_keeps_what_pays_by_the_cost_model():

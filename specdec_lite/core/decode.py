@@ -20,7 +20,7 @@ import torch
 from .drafter import Drafter, as_drafter
 from .lm import as_language_model, feed_unseen, tokenizer_of
 from .tokenizers import check_tokenizers
-from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
+from .sampling import SamplingParams, greedy_tokens, probs_from_logits, sample, seen_mask
 from .tree import (attention_mask, compact_indices, positions, tree_outcome_distribution, verify_tree,
                    verify_tree_greedy)
 from .verify import outcome_distribution, verify, verify_greedy
@@ -263,7 +263,7 @@ class Decoding:
 def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch.Tensor:
     """The argmax after the repetition penalty (the other settings do not move the argmax)."""
     if sampling.repetition_penalty == 1.0:
-        return logits.argmax(-1)
+        return greedy_tokens(logits)
     return probs_from_logits(logits, sampling, seen).argmax(-1)
 
 
@@ -363,7 +363,7 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
 
     # 3) verify: the accepted path (node indices) and the corrected or bonus token
     if sampling.greedy:
-        path, next_token = verify_tree_greedy(tree, node_logits.argmax(-1))
+        path, next_token = verify_tree_greedy(tree, greedy_tokens(node_logits))
     else:
         path, next_token = verifier.tree(tree, probs_from_logits(node_logits, sampling), generator)
 

@@ -46,13 +46,13 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
 # Draft kinds built from a target's heads and its own text (drafts/trees.py), by name. "auto" is the package's
 # recommended drafting (AUTO_DRAFT): measured best on the embedded target (README, "Measured"); for another target,
 # the same recipe with the EAGLE head trained for it if there is one, else lookup trees.
-TREE_DRAFTS = ("auto", "hybrid-tree", "eagle-tree", "eagle-tree-drawn", "eagle-adaptive", "dynamic-tree",
-               "hybrid-dynamic", "lookup-tree")
+TREE_DRAFTS = ("auto", "hybrid-tree", "hybrid-tree-drawn", "eagle-tree", "eagle-tree-drawn", "eagle-adaptive",
+               "dynamic-tree", "hybrid-dynamic", "lookup-tree")
 DYNAMIC_TREES = ("dynamic-tree", "hybrid-dynamic")  # measured on the machine as they load
-AUTO_DRAFT = "hybrid-tree"
+AUTO_DRAFT = "hybrid-dynamic"  # measured best at T = 0 and T = 1 on prompts outside the benchmark (docs/SPEED.md)
 TREE_LABELS = {"eagle-adaptive": "EAGLE adaptive", "eagle-tree": "EAGLE tree", "eagle-tree-drawn": "EAGLE tree drawn",
-               "hybrid-tree": "hybrid tree", "dynamic-tree": "EAGLE dynamic tree",
-               "hybrid-dynamic": "hybrid dynamic tree"}  # how results name them
+               "hybrid-tree": "hybrid tree", "hybrid-tree-drawn": "hybrid tree drawn",
+               "dynamic-tree": "EAGLE dynamic tree", "hybrid-dynamic": "hybrid dynamic tree"}  # how results name them
 AUTO_SETTINGS = dict(lookup_branches=2, head_width=2, adaptive_threshold=0.3)  # the measured recommendation
 
 
@@ -90,7 +90,8 @@ RECOMMENDED_EAGLES = (EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGL
 def head_tree_drafts(eagle: EagleDraft, target=None) -> dict:
     """The drafters built on one EAGLE head, by ``TREE_DRAFTS`` name, with the recommended settings
     (``AUTO_SETTINGS``); each has its own adaptive threshold, which at T > 0 reads q's entropy. "eagle-tree-drawn"
-    draws the head's candidates from q at T > 0 (SpecInfer) where "eagle-tree" chooses the most likely. Given
+    and "hybrid-tree-drawn" draw the head's candidates from q at T > 0 (SpecInfer) where "eagle-tree" and
+    "hybrid-tree" choose the most likely (at T = 0 each is the same as its chosen twin). Given
     ``target``, also the dynamic trees, with costs measured once on this machine (``measured_dynamic_tree``),
     shared by both."""
     def adaptive():
@@ -103,7 +104,8 @@ def head_tree_drafts(eagle: EagleDraft, target=None) -> dict:
         return EagleTreeDraft(eagle, width=AUTO_SETTINGS["head_width"], adaptive=adaptive(), draw=draw)
 
     built = {"eagle-adaptive": EagleTreeDraft(eagle, width=1, adaptive=adaptive()), "eagle-tree": head_tree(),
-             "eagle-tree-drawn": head_tree(draw=True), "hybrid-tree": HybridTreeDraft(lookup(), head_tree())}
+             "eagle-tree-drawn": head_tree(draw=True), "hybrid-tree": HybridTreeDraft(lookup(), head_tree()),
+             "hybrid-tree-drawn": HybridTreeDraft(lookup(), head_tree(draw=True))}
     if target is not None:
         dynamic = measured_dynamic_tree(eagle, target)
         built.update({"dynamic-tree": dynamic, "hybrid-dynamic": HybridTreeDraft(lookup(), dynamic)})

@@ -6,7 +6,8 @@
   token (the round is then a plain decoding step). It reads draft-side numbers and past rounds only, so the
   stopping rule is decided before the target runs and verification stays exact (a stopping time of the draft).
 - ``EagleTreeDraft``: the EAGLE head's chain (adaptive length) plus, at each depth, the head's next most likely
-  tokens as sibling leaves: a wider net for the same number of head steps.
+  tokens as sibling leaves (or, with ``draw`` at T > 0, siblings drawn from q without replacement): a wider net
+  for the same number of head steps.
 - ``LookupTreeDraft``: prompt lookup with several earlier matches, each continuation a branch; adaptive in the
   match length it requires (the point-mass rule: a longer match, a more reliable continuation).
 - ``DynamicTreeDraft``: EAGLE-2's dynamic tree: expanded by path confidence, cut to the node budget and depth that
@@ -17,7 +18,11 @@
 
 Chosen nodes (q one-hot) are exact at any temperature: the verifier samples y from the target at a node and
 descends when y is a child (``core/tree.py``). Every node is chosen except the sampled trees' and, with ``draw``
-at T > 0, the EAGLE tree's, which are drawn from q and verified with the q they were drawn from.
+at T > 0, the EAGLE tree's, which are drawn and verified with the q they were drawn from. The EAGLE tree draws
+its siblings without replacement: the second from q with the first's token removed (renormalised), and so on; each
+node records that conditional q. Recursive rejection sampling stays exact with it (at each sibling the token is
+drawn from the recorded q given the earlier siblings, before the target's draws, which is all the argument in
+``core/tree.py`` needs), and a rejected token has no residual mass left, so a repeat could never be accepted.
 """
 from __future__ import annotations
 
@@ -70,8 +75,8 @@ def root_builder(seq, lengths) -> TreeBuilder:
 
 class EagleTreeDraft(Drafter):
     """The EAGLE head's chain, adaptive in length, with ``width - 1`` sibling leaves at each step: the next most
-    likely tokens, chosen; with ``draw``, at T > 0 the chain's token and its siblings are drawn i.i.d. from the
-    head's q instead (SpecInfer: exact with the recorded q). Reuses an ``EagleDraft`` (its caches and feature
+    likely tokens, chosen; with ``draw``, at T > 0 the chain's token and its siblings are drawn from the head's q
+    without replacement instead (each node keeps the q it was drawn from, which is what makes the verifier exact). Reuses an ``EagleDraft`` (its caches and feature
     bookkeeping)."""
 
     uses_target_features = True
@@ -121,32 +126,49 @@ class EagleTreeDraft(Drafter):
 
     def candidates(self, builder: TreeBuilder, parent: int, logits, sampling: SamplingParams,
                    generator) -> tuple[int, int]:
-        """Add ``width`` children under ``parent``: at T > 0 (with ``draw``) drawn i.i.d. from the head's q,
-        else its most likely tokens, chosen. Returns the first one's (node, token)."""
-        q = None
-        if self.draws(sampling):
-            q = probs_from_logits(logits, sampling)
-            tokens = torch.multinomial(q.float(), self.width, replacement=True, generator=generator).tolist()
-        else:
+        """Add ``width`` children under ``parent``: at T > 0 (with ``draw``) drawn from the head's q without
+        replacement (fewer where q has fewer tokens), else its most likely tokens, chosen. Returns the first one's
+        (node, token)."""
+        if not self.draws(sampling):
             tokens = logits.topk(self.width).indices.tolist()
-        nodes = [builder.add(parent, token, q) for token in tokens]
-        return nodes[0], tokens[0]
+            return [builder.add(parent, token) for token in tokens][0], tokens[0]
+        left, nodes, first = probs_from_logits(logits, sampling), [], None
+        for _ in range(min(self.width, int((left > 0).sum()))):
+            q = left / left.sum()  # the law of this sibling, given the earlier ones
+            token = int(torch.multinomial(q, 1, generator=generator))
+            nodes.append(builder.add(parent, token, q))
+            first = token if first is None else first
+            left = q.clone()
+            left[token] = 0.0
+        return nodes[0], first
 
     def candidate_law(self, logits, sampling: SamplingParams):
-        """Every (tokens, q, probability) ``candidates`` can add from ``logits``: each ``width``-tuple that q can
-        draw, or the one tuple of most likely tokens (q None, probability 1)."""
+        """Every (tokens, [q of each], probability) ``candidates`` can add from ``logits``: each sequence of
+        distinct tokens q can draw, with the conditional q each was drawn from; or the one tuple of most likely
+        tokens (q None, probability 1)."""
         if not self.draws(sampling):
-            return [(logits.topk(self.width).indices.tolist(), None, 1.0)]
+            tokens = logits.topk(self.width).indices.tolist()
+            return [(tokens, [None] * len(tokens), 1.0)]
         q = probs_from_logits(logits.double(), sampling)
         support = q.nonzero().flatten().tolist()
-        return [(list(tokens), q, float(torch.prod(q[list(tokens)])))
-                for tokens in itertools.product(support, repeat=self.width)]
+        law = []
+        for tokens in itertools.permutations(support, min(self.width, len(support))):
+            left, qs, prob = q, [], 1.0
+            for token in tokens:
+                qs.append(left / left.sum())
+                prob *= float(qs[-1][token])
+                left = qs[-1].clone()
+                left[token] = 0.0
+            law.append((list(tokens), qs, prob))
+        return law
 
     @torch.inference_mode()
-    def tree_law(self, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+    def tree_law(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
+                 builder: TreeBuilder | None = None):
         """Every tree ``propose_tree`` can return in a round from ``context`` (1-D, after the target's prefill),
         with its probability, for exact enumeration: the head's logits along each chain come from the cache-free
-        ``reference_logits`` (the tests hold the live caches to it); the adaptive threshold as it stands."""
+        ``reference_logits`` (the tests hold the live caches to it); the adaptive threshold as it stands.
+        ``builder``: a tree already holding other drafters' nodes (a hybrid's lookup branches) to grow on."""
         law = []
 
         def grow(builder: TreeBuilder, parent: int, chain: list, prob: float):
@@ -155,12 +177,12 @@ class EagleTreeDraft(Drafter):
             logits = self.eagle.reference_logits(context, torch.tensor([chain + [0]]))[0, len(chain)]
             if stops_here(self.adaptive, logits[None], sampling):
                 return law.append((builder.build(), prob))
-            for tokens, q, pr in self.candidate_law(logits, sampling):
+            for tokens, qs, pr in self.candidate_law(logits, sampling):
                 branch = builder.copy()
-                first = [branch.add(parent, token, q) for token in tokens][0]
+                first = [branch.add(parent, token, q) for token, q in zip(tokens, qs)][0]
                 grow(branch, first, chain + tokens[:1], prob * pr)
 
-        grow(TreeBuilder(int(context[-1])), 0, [], 1.0)
+        grow(builder.copy() if builder is not None else TreeBuilder(int(context[-1])), 0, [], 1.0)
         return law
 
     @torch.inference_mode()
@@ -228,12 +250,21 @@ class DynamicTreeDraft(Drafter):
     def rollback(self, kept: torch.Tensor) -> None:
         self.eagle.rollback(kept)
 
-    def children(self, parent: int, depth: int, confidence: float, feature, sampling) -> list[Candidate]:
-        logits = self.eagle.output.logits(feature[0, -1])
-        probs = torch.softmax(logits.float(), -1) if sampling.greedy else probs_from_logits(logits.float(), sampling)
-        top = probs.topk(min(self.top_k, int((probs > 0).sum())))
-        return [Candidate(int(t), parent, depth, confidence * float(p), feature)
-                for p, t in zip(top.values, top.indices)]
+    def children(self, parents: list[int], depth: int, features, candidates: list[Candidate],
+                 sampling) -> list[Candidate]:
+        """The ``top_k`` most likely children of each of ``parents`` (-1: the root), whose predicted features are
+        ``features`` (1, m, H), from one output-layer call over the head's sub-vocabulary (q is zero outside it,
+        so its top tokens and their probabilities are those of the full-width q)."""
+        logits = self.eagle.output.sub_logits(features[0]).float()  # (m, S)
+        probs = torch.softmax(logits, -1) if sampling.greedy else probs_from_logits(logits, sampling)
+        top = probs.topk(min(self.top_k, probs.shape[-1]))
+        tokens = self.eagle.output.sub_to_full(top.indices).tolist()
+        out = []
+        for j, (parent, row, values) in enumerate(zip(parents, tokens, top.values.tolist())):
+            confidence = candidates[parent].confidence if parent >= 0 else 1.0
+            out += [Candidate(token, parent, depth, confidence * p, features[:, j:j + 1])
+                    for token, p in zip(row, values) if p > 0]
+        return out
 
     def budget(self, candidates: list[Candidate], depth: int) -> tuple[int, float]:
         """``best_budget`` over the candidates of a round that expanded ``depth`` levels."""
@@ -244,17 +275,15 @@ class DynamicTreeDraft(Drafter):
         """Expand level by level while a level pays (at most gamma), then add the kept candidates under the root."""
         if self.eagle.features is None:  # the target has not run yet: nothing to read
             return
-        candidates = self.children(-1, 1, 1.0, self.eagle.catch_up(seq, lengths), sampling)
+        candidates = self.children([-1], 1, self.eagle.catch_up(seq, lengths)[:, -1:], [], sampling)
         level, entry = list(range(len(candidates))), {}  # candidate -> its head cache entry once expanded
         depth, (n, speed) = 1, self.budget(candidates, 1)
         while depth < gamma:
             expand = sorted(level, key=lambda i: -candidates[i].confidence)[: self.top_k]
             features = self.expand(seq, expand, entry, candidates, int(lengths[0]) + depth - 2)
-            deeper, level = list(candidates), []
-            for i, feature in zip(expand, features.split(1, dim=1)):
-                for child in self.children(i, depth + 1, candidates[i].confidence, feature, sampling):
-                    level.append(len(deeper))
-                    deeper.append(child)
+            born = self.children(expand, depth + 1, features, candidates, sampling)
+            deeper = candidates + born
+            level = list(range(len(candidates), len(deeper)))
             deeper_n, deeper_speed = self.budget(deeper, depth + 1)
             if deeper_speed <= speed:  # this level does not pay for its head step
                 break
@@ -413,6 +442,13 @@ class HybridTreeDraft(Drafter):
         self.lookup.grow(builder, seq, lengths, gamma)
         self.head.grow(builder, seq, lengths, gamma, sampling, generator)
         return builder.build()
+
+    def tree_law(self, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+        """Every tree a round from ``context`` (1-D) can propose, with its probability: the lookup branches, which
+        the context fixes, grown by the head's ``tree_law`` (for exact enumeration; a head tree that draws)."""
+        builder = TreeBuilder(int(context[-1]))
+        self.lookup.grow(builder, context[None], torch.tensor([len(context)]), gamma)
+        return self.head.tree_law(context, gamma, sampling, builder)
 
     def rollback(self, kept: torch.Tensor) -> None:
         self.lookup.rollback(kept)

@@ -6,7 +6,8 @@ n emitted tokens. It uses the loop's own pieces: the model wrappers, ``probs_fro
 the loop's ``Verifier`` (built from the same acceptance and residual functions its samplers use).
 ``exact_target_distribution`` gives the target's own law of the first n tokens. Equal laws = lossless (C1).
 Feature-level drafts (``heads.py``) are enumerated through their cache-free ``reference_distributions``, and the
-EAGLE head's drawn trees through ``tree_law`` (built on the same reference); a tree drafter that chooses its nodes
+EAGLE head's drawn trees (alone, or grown on a hybrid's lookup branches) through ``tree_law`` (built on the same
+reference); a tree drafter that chooses its nodes
 is primed with the target's features, as the loop leaves it, and asked for its one tree. The tests hold the live
 drafters to these references.
 """
@@ -76,7 +77,7 @@ def _proposed_trees(target_lm, draft, context: torch.Tensor, gamma: int, samplin
     features = getattr(draft, "uses_target_features", False)
     if first_round and features:
         return [(TreeBuilder(int(context[-1])).build(), 1.0)]
-    if hasattr(draft, "tree_law"):
+    if hasattr(getattr(draft, "head", draft), "tree_law"):  # a hybrid enumerates through its head tree's law
         return draft.tree_law(context, gamma, sampling)
     if features:
         draft = _primed(target_lm, draft, context)
