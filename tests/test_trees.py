@@ -8,8 +8,8 @@ from specdec_lite.core import tree as tree_module
 from specdec_lite.core.decode import EXACT
 from specdec_lite.core.drafter import ModelDraft
 from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
-from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft,
-                                      best_budget, SampledTreeDraft, measured_dynamic_tree)
+from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft,
+                                      LookupTreeDraft, best_budget, SampledTreeDraft, measured_dynamic_tree)
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import TREE_MUTANTS
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
@@ -339,10 +339,11 @@ def test_enumeration_rejects_broken_verifiers_of_the_drawn_hybrid_tree(name):
 def test_t1_eagle_trees_keep_the_target_law(kind):
     """The EAGLE head's trees at T = 1, gamma 2, on a tiny Llama (its tree forward: mask and positions) with a
     random EAGLE-3-style head: the chain and its siblings drawn from q (width 2), EAGLE-2's dynamic tree (chosen
-    candidates), or lookup branches with the head's drawn candidates (the hybrid). The first round is the prefill, so the first three tokens are where the tree acts. n = 3,000 runs
-    of the real loop; chi-square of the first three tokens (27 cells) against the target's exact law at level
-    1e-3. Against the loop with the residual left out of the verifier the test's power, from that loop's law by
-    enumeration, is > 0.99, and it rejects that loop run."""
+    candidates), or lookup branches with the head's drawn candidates (the hybrid). The first round is the
+    prefill, so the first three tokens are where the tree acts. n = 3,000 runs of the real loop; chi-square of the
+    first three tokens (27 cells) against the target's exact law at level 1e-3. Against the loop with the residual
+    left out of the verifier the test's power, from that loop's law by enumeration, is > 0.99, and it rejects that
+    loop run."""
     target = tiny_llama(vocab=3, layers=2, seed=11)
     sampling, n = sd.SamplingParams(temperature=1.0), 3000
     want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)

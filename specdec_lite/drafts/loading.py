@@ -19,8 +19,9 @@ from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDr
 def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
     """A draft for ``target`` by name: ``"auto"`` (the recommended drafting: lookup branches and the EAGLE head's
     dynamic tree in one tree, sized by costs measured as it loads, or lookup trees for a target without a head),
-    ``"hybrid-tree"``, ``"hybrid-tree-drawn"``, ``"eagle-tree"``, ``"eagle-tree-drawn"``, ``"eagle-adaptive"``, ``"dynamic-tree"`` and ``"hybrid-dynamic"`` (EAGLE-2's dynamic tree, alone or with lookup
-    branches: its costs are measured on this machine when it loads, a few seconds), ``"lookup-tree"``
+    ``"hybrid-tree"``, ``"hybrid-tree-drawn"``, ``"eagle-tree"``, ``"eagle-tree-drawn"``, ``"eagle-adaptive"``,
+    ``"dynamic-tree"`` and ``"hybrid-dynamic"`` (EAGLE-2's dynamic tree, alone or with lookup branches: its costs
+    are measured on this machine when it loads, a few seconds), ``"lookup-tree"``
     (``TREE_DRAFTS``), ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the
     target's own layers, middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
     with ``head_config.json``; refused when it was trained for another target), or else a draft model (package

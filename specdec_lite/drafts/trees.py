@@ -76,8 +76,8 @@ def root_builder(seq, lengths) -> TreeBuilder:
 class EagleTreeDraft(Drafter):
     """The EAGLE head's chain, adaptive in length, with ``width - 1`` sibling leaves at each step: the next most
     likely tokens, chosen; with ``draw``, at T > 0 the chain's token and its siblings are drawn from the head's q
-    without replacement instead (each node keeps the q it was drawn from, which is what makes the verifier exact). Reuses an ``EagleDraft`` (its caches and feature
-    bookkeeping)."""
+    without replacement instead (each node keeps the q it was drawn from, which is what makes the verifier exact).
+    Reuses an ``EagleDraft`` (its caches and feature bookkeeping)."""
 
     uses_target_features = True
     proposes_trees = True
@@ -132,15 +132,14 @@ class EagleTreeDraft(Drafter):
         if not self.draws(sampling):
             tokens = logits.topk(self.width).indices.tolist()
             return [builder.add(parent, token) for token in tokens][0], tokens[0]
-        left, nodes, first = probs_from_logits(logits, sampling), [], None
+        left, nodes, tokens = probs_from_logits(logits, sampling), [], []
         for _ in range(min(self.width, int((left > 0).sum()))):
             q = left / left.sum()  # the law of this sibling, given the earlier ones
-            token = int(torch.multinomial(q, 1, generator=generator))
-            nodes.append(builder.add(parent, token, q))
-            first = token if first is None else first
+            tokens.append(int(torch.multinomial(q, 1, generator=generator)))
+            nodes.append(builder.add(parent, tokens[-1], q))
             left = q.clone()
-            left[token] = 0.0
-        return nodes[0], first
+            left[tokens[-1]] = 0.0
+        return nodes[0], tokens[0]
 
     def candidate_law(self, logits, sampling: SamplingParams):
         """Every (tokens, [q of each], probability) ``candidates`` can add from ``logits``: each sequence of
@@ -443,9 +442,15 @@ class HybridTreeDraft(Drafter):
         self.head.grow(builder, seq, lengths, gamma, sampling, generator)
         return builder.build()
 
-    def tree_law(self, context: torch.Tensor, gamma: int, sampling: SamplingParams):
+    @property
+    def tree_law(self):
+        """The law of the trees it proposes, for exact enumeration, where its head tree has one (``EagleTreeDraft``);
+        else None, and the enumeration asks the primed live drafter for its one chosen tree, as for any other."""
+        return self._grown_law if hasattr(self.head, "tree_law") else None
+
+    def _grown_law(self, context: torch.Tensor, gamma: int, sampling: SamplingParams):
         """Every tree a round from ``context`` (1-D) can propose, with its probability: the lookup branches, which
-        the context fixes, grown by the head's ``tree_law`` (for exact enumeration; a head tree that draws)."""
+        the context fixes, grown by the head's ``tree_law``."""
         builder = TreeBuilder(int(context[-1]))
         self.lookup.grow(builder, context[None], torch.tensor([len(context)]), gamma)
         return self.head.tree_law(context, gamma, sampling, builder)

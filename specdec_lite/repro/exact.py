@@ -77,7 +77,7 @@ def _proposed_trees(target_lm, draft, context: torch.Tensor, gamma: int, samplin
     features = getattr(draft, "uses_target_features", False)
     if first_round and features:
         return [(TreeBuilder(int(context[-1])).build(), 1.0)]
-    if hasattr(getattr(draft, "head", draft), "tree_law"):  # a hybrid enumerates through its head tree's law
+    if getattr(draft, "tree_law", None) is not None:
         return draft.tree_law(context, gamma, sampling)
     if features:
         draft = _primed(target_lm, draft, context)
