@@ -14,6 +14,8 @@ before (``STARTS``), and train on replies in ``data/target_text`` the corpus hel
     smollm2-135m-eagle-ttt      from that head, on the replies to the target's own requests only (those it saw
                                 and the newer ones), unrolled ``UNROLL`` drafting steps on its own predictions
                                 (EAGLE-3's training-time test, ``heads.eagle_loss``), not teacher-forced only
+    smollm2-135m-eagle-ttt2     from that head, the same way, on every reply to the target's own requests written
+                                since (about a fifth more)
 
 Each holds out the EAGLE-3 run's replies (``eagle3.heldout_indices``: records the first head never saw); a later
 run also holds out ``eagle3.HELDOUT_RECORDS`` of the records its start never saw, spread evenly over them
@@ -34,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT,
-                           EMBEDDED_TARGET, load_model)
+                           EMBEDDED_EAGLE_TTT2, EMBEDDED_TARGET, load_model)
 from ..drafts.heads import read_head_config
 from ..paths import drafts_dir, repo_root
 from ..show import to_markdown
@@ -43,10 +45,10 @@ from .heads import HeadTrainConfig, HeadTrainer, load_dataset
 from .loop import CONFIG_FILE, STATE_FILE, copy_checkpoint, read_config, require_checkpoint, run_arguments
 
 STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_EAGLE_REPLIES,
-          EMBEDDED_EAGLE_TTT: EMBEDDED_EAGLE_SELF}  # head: its start
-NAME = EMBEDDED_EAGLE_TTT  # the newest run
+          EMBEDDED_EAGLE_TTT: EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT2: EMBEDDED_EAGLE_TTT}  # head: its start
+NAME = EMBEDDED_EAGLE_TTT2  # the newest run
 UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance), and trained on by the unrolled runs
-UNROLLED = {EMBEDDED_EAGLE_TTT}  # the runs trained with training-time test, on the self-made replies only: their
+UNROLLED = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2}  # the runs trained with training-time test, on the self-made replies only: their
 # start has trained on the text before them, whose features would take three times as long again to extract
 
 
