@@ -195,5 +195,8 @@ def test_tree_formula_adds_each_nodes_path_probability():
         theory.expected_tokens_tree([0, 0.5], [-1, 1])
     assert timing.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 7) == pytest.approx(1.2)
     assert timing.v_at({1: 1.0, 5: 1.1, 9: 1.3}, 13) == pytest.approx(1.5)
-    # a noisy last measurement below the one before it: flat past it, never down to a negative cost
-    assert timing.v_at({1: 1.0, 3: 0.6}, 9) == pytest.approx(0.6)
+    # a noisy measurement below the one before it counts as that one: flat there and past it, never down
+    assert timing.v_at({1: 1.0, 3: 0.6}, 9) == pytest.approx(1.0)
+    noisy = {1: 1.0, 2: 1.3, 4: 1.1, 8: 1.5}
+    assert timing.v_at(noisy, 4) == pytest.approx(1.3) and timing.v_at(noisy, 6) == pytest.approx(1.4)
+    assert all(timing.v_at(noisy, n) <= timing.v_at(noisy, n + 0.5) for n in range(1, 12))

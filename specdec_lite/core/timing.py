@@ -69,10 +69,11 @@ def cost_by_tokens(target_model, tokens, repeats: int = 9, context_len: int = 64
 
 def v_at(v_by_tokens: dict, tokens: float) -> float:
     """v(n) interpolated from measured {tokens in one forward: cost over one decode step} (``forward_seconds``),
-    linear between measured points and extrapolated from the last two, never downwards (a forward over more
-    tokens costs no less; timing noise can make the last measurement the smaller)."""
+    linear between measured points and extrapolated from the last two, never downwards: a forward over more
+    tokens costs no less, so each point counts at least as much as the largest before it (timing noise on a busy
+    machine can make a larger forward measure the faster, which would otherwise pick trees of that size)."""
     xs = np.array(sorted(v_by_tokens), dtype=float)
-    ys = np.array([v_by_tokens[x] for x in sorted(v_by_tokens)], dtype=float)
+    ys = np.maximum.accumulate(np.array([v_by_tokens[x] for x in sorted(v_by_tokens)], dtype=float))
     if tokens > xs[-1] and len(xs) >= 2:
         slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
         return float(ys[-1] + (tokens - xs[-1]) * slope)
