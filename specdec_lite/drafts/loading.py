@@ -81,7 +81,8 @@ def recommended_eagle(eagle_names: list[str]) -> str:
     the head continued on the replies to the target's own requests (``EMBEDDED_EAGLE_SELF``) drafts more tokens a
     round than the one it started from (``EMBEDDED_EAGLE_REPLIES``), which drafts more than the first head; the
     EAGLE-3-style head (``EMBEDDED_EAGLE3``) fewer (docs/SPEED.md, "Which head the trees use"), so it is used only
-    when named, and so is the head continued unrolled (``EMBEDDED_EAGLE_TTT``), which ties with its start there."""
+    when named, and so are the heads continued unrolled (``EMBEDDED_EAGLE_TTT``, ``EMBEDDED_EAGLE_TTT2``), which tie
+    with it there."""
     return next((name for name in RECOMMENDED_EAGLES if name in eagle_names), eagle_names[0])
 
 
