@@ -509,8 +509,8 @@ def test_dynamic_tree_depth_is_what_the_cost_model_pays_for():
 
 def test_measured_dynamic_tree_reads_this_machines_costs():
     """``measured_dynamic_tree`` times the target over 1..8 tokens and a drafting round: v(1) = 1, v(n) is the
-    interpolation of what it measured, the head's cost per level is positive, and the tree it drafts keeps greedy
-    output the target's own."""
+    interpolation of what it measured (each point at least the largest before it: a tiny model's timings are
+    noise), the head's cost per level is positive, and the tree it drafts keeps greedy output the target's own."""
     from test_heads import random_head_draft
 
     target = tiny_llama(vocab=64, seed=0)
@@ -518,7 +518,8 @@ def test_measured_dynamic_tree_reads_this_machines_costs():
                                     tokens=(1, 2, 8))
     v = drafter.costs["v"]
     assert set(v) == {1, 2, 8} and v[1] == 1.0
-    assert drafter.verify_cost(5) == pytest.approx(v[2] + (v[8] - v[2]) / 2)
+    v2, v8 = max(1.0, v[2]), max(1.0, v[2], v[8])
+    assert drafter.verify_cost(5) == pytest.approx(v2 + (v8 - v2) / 2)
     assert drafter.head_cost > 0 and drafter.costs["target_step_seconds"] > 0
     prompt, greedy = torch.tensor([[5, 9, 11, 3, 7]]), sd.SamplingParams(temperature=0)
     base = sd.autoregressive_generate(target, prompt, max_new_tokens=30, sampling=greedy).tokens
