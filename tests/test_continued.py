@@ -155,3 +155,21 @@ def test_the_first_self_made_record_is_found_and_its_absence_refused():
     assert corpus.first_self_made(index) == 2
     with pytest.raises(ValueError, match="self_prompts"):
         corpus.first_self_made(index[:2])
+
+
+def test_a_new_run_takes_its_peak_learning_rate_from_the_command_line_and_a_resumed_one_keeps_its_own(shipped,
+                                                                                                     tmp_path):
+    from specdec_lite.train import loop
+
+    target, root = shipped
+    args = loop.run_arguments("d", continued.training_dir, 10, ["--lr", "1e-4"], heads=[continued.NAME],
+                              lr=continued.PEAK_LR)
+    assert args.lr == 1e-4
+    assert loop.run_arguments("d", continued.training_dir, 10, [], heads=[continued.NAME],
+                              lr=continued.PEAK_LR).lr == continued.PEAK_LR
+    with pytest.raises(SystemExit):  # a trainer whose recipe sets no --lr refuses one
+        loop.run_arguments("d", tmp_path, 10, ["--lr", "1e-4"])
+    run = trainer(target, root, "lower", config(root, steps=5, lr=args.lr))  # a corpus too small for run_config's
+    run.run(max_minutes=0, progress=False)  # one step, saved with its settings
+    resumed = continued.run_config(root / "lower", steps=99, corpus_dir=root / "text", lr=continued.PEAK_LR)
+    assert resumed.lr == 1e-4 and resumed.steps == 5

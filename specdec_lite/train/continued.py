@@ -47,9 +47,10 @@ from .loop import CONFIG_FILE, STATE_FILE, copy_checkpoint, read_config, require
 STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_EAGLE_REPLIES,
           EMBEDDED_EAGLE_TTT: EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT2: EMBEDDED_EAGLE_TTT}  # head: its start
 NAME = EMBEDDED_EAGLE_TTT2  # the newest run
+PEAK_LR = 5e-4  # the continued runs' peak learning rate, half the first head's (a run may set its own: --lr)
 UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance), and trained on by the unrolled runs
-UNROLLED = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2}  # the runs trained with training-time test, on the self-made replies only: their
-# start has trained on the text before them, whose features would take three times as long again to extract
+UNROLLED = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2}  # the runs trained with training-time test, on the self-made
+# replies only: their start has trained on the text before them, whose features would take far longer to extract
 
 
 def training_dir(name: str = NAME) -> Path:
@@ -69,10 +70,11 @@ def new_heldout(seen: int, n_records: int) -> list[int]:
 
 
 def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_from: str = EMBEDDED_EAGLE,
-               unroll: int = 1) -> HeadTrainConfig:
-    """The run's settings: those stored in ``out_dir`` when it resumes, else the first head's recipe at half its
-    peak learning rate, from ``start_from``, on every record the corpus has now but the held-out ones: the EAGLE-3
-    run's, and for a start that is itself a continued head, ``new_heldout`` of the records it never saw. With
+               unroll: int = 1, lr: float = PEAK_LR) -> HeadTrainConfig:
+    """The run's settings: those stored in ``out_dir`` when it resumes, else the first head's recipe at peak
+    learning rate ``lr`` (by default half the first head's), from ``start_from``, on every record the corpus has
+    now but the held-out ones: the EAGLE-3 run's, and for a start that is itself a continued head, ``new_heldout``
+    of the records it never saw. With
     ``unroll`` > 1, training-time test of that many steps, on the replies to the target's own requests only (from
     the first of them on)."""
     if (out_dir / CONFIG_FILE).exists():
@@ -85,7 +87,7 @@ def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_
     if seen:
         heldout += new_heldout(seen, n)
     first = corpus.first_self_made(index) if unroll > 1 else 0
-    return HeadTrainConfig(steps=steps, lr=5e-4, warmup=100, eval_every=250, heldout=heldout,
+    return HeadTrainConfig(steps=steps, lr=lr, warmup=100, eval_every=250, heldout=heldout,
                            start_from=start_from, records=n, unroll=unroll, first_record=first)
 
 
@@ -131,7 +133,7 @@ def publish(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = N
 
 
 def main(argv=None):
-    args = run_arguments(__doc__, training_dir, 4000, argv, heads=[NAME, *sorted(set(STARTS) - {NAME})])
+    args = run_arguments(__doc__, training_dir, 4000, argv, heads=[NAME, *sorted(set(STARTS) - {NAME})], lr=PEAK_LR)
     out_dir = args.out
     if args.publish:
         require_checkpoint(out_dir, [STATE_FILE, CONFIG_FILE], "continued EAGLE head")
@@ -141,7 +143,7 @@ def main(argv=None):
         return
     unroll = UNROLL if args.head in UNROLLED else 1
     trainer = make_trainer(target, out_dir, run_config(out_dir, args.steps, start_from=STARTS[args.head],
-                                                       unroll=unroll))
+                                                       unroll=unroll, lr=args.lr))
     trainer.run(max_minutes=args.minutes)
     print(trainer.log[-1])
 

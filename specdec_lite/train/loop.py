@@ -216,10 +216,12 @@ class TrainingLoop:
         return self.log
 
 
-def run_arguments(description: str, default_out, steps: int, argv=None, heads=None) -> argparse.Namespace:
+def run_arguments(description: str, default_out, steps: int, argv=None, heads=None,
+                  lr: float | None = None) -> argparse.Namespace:
     """The command line of a resumable training run that ships its model when it beats the shipped one: --out,
     --minutes, --steps, --threads (applied here) and --publish; with ``heads`` (the runs' names, the default
-    first) also --head, and ``default_out`` is then a function of the head's name."""
+    first) also --head, and ``default_out`` is then a function of the head's name; with ``lr`` (the recipe's peak
+    learning rate) also --lr."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if heads:
         parser.add_argument("--head", choices=heads, default=heads[0], help=f"the run (default {heads[0]})")
@@ -227,6 +229,9 @@ def run_arguments(description: str, default_out, steps: int, argv=None, heads=No
     parser.add_argument("--out", default=None, help=f"checkpoint folder (default {where})")
     parser.add_argument("--minutes", type=float, default=None, help="stop (evaluated and saved) after this long")
     parser.add_argument("--steps", type=int, default=steps, help="the schedule's length (fixed at the first start)")
+    if lr is not None:
+        parser.add_argument("--lr", type=float, default=lr, help=f"the peak learning rate (fixed at the first start; "
+                                                                 f"default {lr})")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--publish", action="store_true",
                         help="no training: compare the checkpoint with the head it must beat and ship it if it is "
