@@ -75,6 +75,6 @@ def v_at(v_by_tokens: dict, tokens: float) -> float:
     xs = np.array(sorted(v_by_tokens), dtype=float)
     ys = np.maximum.accumulate(np.array([v_by_tokens[x] for x in sorted(v_by_tokens)], dtype=float))
     if tokens > xs[-1] and len(xs) >= 2:
-        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])  # >= 0: ys is a running maximum
         return float(ys[-1] + (tokens - xs[-1]) * slope)
     return float(np.interp(tokens, xs, ys))

@@ -74,9 +74,8 @@ def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_
     """The run's settings: those stored in ``out_dir`` when it resumes, else the first head's recipe at peak
     learning rate ``lr`` (by default half the first head's), from ``start_from``, on every record the corpus has
     now but the held-out ones: the EAGLE-3 run's, and for a start that is itself a continued head, ``new_heldout``
-    of the records it never saw. With
-    ``unroll`` > 1, training-time test of that many steps, on the replies to the target's own requests only (from
-    the first of them on)."""
+    of the records it never saw. With ``unroll`` > 1, training-time test of that many steps, on the replies to the
+    target's own requests only (from the first of them on)."""
     if (out_dir / CONFIG_FILE).exists():
         return read_config(out_dir / CONFIG_FILE, HeadTrainConfig)
     index = corpus.load_index(corpus_dir)
