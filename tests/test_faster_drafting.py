@@ -10,6 +10,7 @@ from specdec_lite.core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF, auto_
                                       cpu_has_native_bfloat16, has_native_bfloat16, native_dtypes)
 from specdec_lite import paths
 from specdec_lite.drafts.heads import read_head
+from specdec_lite.drafts.datastore import DatastoreTreeDraft
 from specdec_lite.drafts.loading import drafts_for_pair, load_draft
 from specdec_lite.drafts.trees import DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
 from specdec_lite.repro import evaluate, theory
@@ -166,6 +167,7 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     model, _ = embedded
     auto = load_draft("auto", model)
     assert isinstance(auto, HybridTreeDraft) and isinstance(auto.head, DynamicTreeDraft)  # lookup + EAGLE-2 tree
+    assert isinstance(auto.store, DatastoreTreeDraft) and len(auto.store.store) > 1_000_000  # + the target's replies
     assert auto.head.costs["v"][1] == 1.0 and auto.head.head_cost > 0  # measured on this machine as it loaded
     continued = read_head(paths.drafts_dir() / EMBEDDED_EAGLE_SELF)[0].state_dict()
     used = auto.head.eagle.head.state_dict()  # the head continued on replies to its own requests: drafts the most
@@ -177,9 +179,9 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
         load_draft("hybrid-tree", other)
     drafts, skipped = drafts_for_pair(model)
     assert {"lookup tree", "EAGLE adaptive", "EAGLE tree", "hybrid tree", "hybrid tree drawn", "EAGLE dynamic tree",
-            "hybrid dynamic tree (auto)"} <= set(drafts)
+            "hybrid dynamic tree", "hybrid dynamic tree + store (auto)"} <= set(drafts)
     dynamic = drafts["EAGLE dynamic tree"]  # measured once for both dynamic trees, on this machine
-    assert drafts["hybrid dynamic tree (auto)"].head is dynamic and dynamic.costs["v"][1] == 1.0
+    assert drafts["hybrid dynamic tree + store (auto)"].head is dynamic and dynamic.costs["v"][1] == 1.0
     from specdec_lite.repro.bench import named_draft
 
     on_first = named_draft(f"hybrid-tree@{EMBEDDED_EAGLE}", model)  # the bench's tree draft on a named head

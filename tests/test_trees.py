@@ -8,6 +8,7 @@ from specdec_lite.core import tree as tree_module
 from specdec_lite.core.decode import EXACT
 from specdec_lite.core.drafter import ModelDraft
 from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
+from specdec_lite.drafts.datastore import Datastore, DatastoreTreeDraft
 from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft,
                                       LookupTreeDraft, best_budget, SampledTreeDraft, measured_dynamic_tree)
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
@@ -26,12 +27,20 @@ def toy(vocab=4, seed=3):
     return random_pair(vocab=vocab, concentration=0.7, seed=seed)
 
 
+def store_tree(vocab: int, budget: int = 4) -> DatastoreTreeDraft:
+    """A retrieval draft over a few fixed "earlier replies" in a ``vocab``-token alphabet, several of which
+    continue the test prompts' endings in different ways (so the trees branch)."""
+    records = [[1, 2, 3 % vocab, 0], [1, 2, 0, 1], [2, 2, 1], [0, 1, 2, 3 % vocab, 2], [0, 2, 1, 1], [2, 0, 2, 2]]
+    return DatastoreTreeDraft(Datastore([np.array(r) for r in records], key_length=6), budget=budget, max_match=3,
+                              min_frequency=0.0)
+
+
 @pytest.mark.parametrize("sampling", SETTINGS, ids=["T1", "T0.7-topk-topp", "greedy"])
-@pytest.mark.parametrize("kind", ["lookup tree", "sampled tree", "adaptive chain"])
+@pytest.mark.parametrize("kind", ["lookup tree", "store tree", "sampled tree", "adaptive chain"])
 def test_exact_law_of_first_three_tokens(kind, sampling):
     """Every branch enumerated: the law of the first 3 emitted tokens equals the target's to 1e-9."""
     target, draft = toy(vocab=3) if kind == "sampled tree" else toy()  # sampled trees: every draw enumerated
-    drafters = {"lookup tree": lambda: LookupTreeDraft(branches=2, max_ngram=2),
+    drafters = {"lookup tree": lambda: LookupTreeDraft(branches=2, max_ngram=2), "store tree": lambda: store_tree(4),
                 "sampled tree": lambda: SampledTreeDraft(draft, width=2, depth=2),
                 "adaptive chain": lambda: ModelDraft(draft, adaptive=AdaptiveLength(threshold=0.45, step=0.0))}
     want = exact_target_distribution(target, PROMPT, 3, sampling)
@@ -297,6 +306,11 @@ EAGLE_TREES = {
                                                                adaptive=AdaptiveLength(threshold=0.5, step=0.0)),
     "drawn hybrid tree": lambda head: HybridTreeDraft(LookupTreeDraft(branches=2),
                                                       EagleTreeDraft(head, width=2, draw=True)),
+    "drawn hybrid tree with a store": lambda head: HybridTreeDraft(
+        LookupTreeDraft(branches=2), EagleTreeDraft(head, width=2, draw=True), store_tree(3, budget=3)),
+    "dynamic hybrid tree with a store": lambda head: HybridTreeDraft(
+        LookupTreeDraft(branches=2), DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2),
+        store_tree(3, budget=3)),
 }
 EAGLE_PROMPT = [0, 2]
 
@@ -322,24 +336,27 @@ def test_exact_law_of_eagle_trees(kind, sampling):
     assert max_abs_difference(got, want) < 1e-9
 
 
+@pytest.mark.parametrize("kind", ["drawn hybrid tree", "drawn hybrid tree with a store"])
 @pytest.mark.parametrize("name", [name for name in TREE_MUTANTS if "compaction" not in name])
-def test_enumeration_rejects_broken_verifiers_of_the_drawn_hybrid_tree(name):
-    """Lookup branches (chosen) and the head's drawn candidates under the same parents: each broken tree verifier
-    moves the law of the first 3 tokens by more than 1e-3 (the exact verifier: 1e-9, above)."""
+def test_enumeration_rejects_broken_verifiers_of_the_drawn_hybrid_tree(name, kind):
+    """Lookup branches (and a store's, chosen) and the head's drawn candidates under the same parents: each broken
+    tree verifier moves the law of the first 3 tokens by more than 1e-3 (the exact verifier: 1e-9, above)."""
     target = tiny_llama(vocab=3, layers=2, seed=11).double()
     sampling = sd.SamplingParams(temperature=1.0)
     want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
-    got = exact_speculative_distribution(target, eagle_tree("drawn hybrid tree", target), EAGLE_PROMPT, gamma=2,
+    got = exact_speculative_distribution(target, eagle_tree(kind, target), EAGLE_PROMPT, gamma=2,
                                          n=3, sampling=sampling, verifier=TREE_MUTANTS[name])
     assert max_abs_difference(got, want) > 1e-3
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["drawn EAGLE tree", "dynamic tree", "drawn hybrid tree"])
+@pytest.mark.parametrize("kind", ["drawn EAGLE tree", "dynamic tree", "drawn hybrid tree",
+                                  "dynamic hybrid tree with a store"])
 def test_t1_eagle_trees_keep_the_target_law(kind):
     """The EAGLE head's trees at T = 1, gamma 2, on a tiny Llama (its tree forward: mask and positions) with a
     random EAGLE-3-style head: the chain and its siblings drawn from q (width 2), EAGLE-2's dynamic tree (chosen
-    candidates), or lookup branches with the head's drawn candidates (the hybrid). The first round is the
+    candidates), lookup branches with the head's drawn candidates (the hybrid), or the dynamic tree with lookup and
+    store branches (the shape of "auto"). The first round is the
     prefill, so the first three tokens are where the tree acts. n = 3,000 runs of the real loop; chi-square of the
     first three tokens (27 cells) against the target's exact law at level 1e-3. Against the loop with the residual
     left out of the verifier the test's power, from that loop's law by enumeration, is > 0.99, and it rejects that

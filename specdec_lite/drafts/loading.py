@@ -11,6 +11,7 @@ from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIE
 from ..core.tokenizers import check_tokenizers
 from ..paths import drafts_dir, is_head_dir
 from .heads import EagleDraft, MedusaDraft, check_head_target, load_head, read_head_config
+from .datastore import Datastore, DatastoreTreeDraft
 from .layer_skip import LayerSkipDraft
 from .ngram import NGramDraft
 from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft, measured_dynamic_tree
@@ -21,7 +22,9 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
     dynamic tree in one tree, sized by costs measured as it loads, or lookup trees for a target without a head),
     ``"hybrid-tree"``, ``"hybrid-tree-drawn"``, ``"eagle-tree"``, ``"eagle-tree-drawn"``, ``"eagle-adaptive"``,
     ``"dynamic-tree"`` and ``"hybrid-dynamic"`` (EAGLE-2's dynamic tree, alone or with lookup branches: its costs
-    are measured on this machine when it loads, a few seconds), ``"lookup-tree"``
+    are measured on this machine when it loads, a few seconds), ``"hybrid-dynamic-store"`` (that hybrid with the
+    continuations retrieved from the target's earlier replies, ``drafts.datastore``), ``"store-tree"`` (those
+    alone), ``"lookup-tree"``
     (``TREE_DRAFTS``), ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the
     target's own layers, middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
     with ``head_config.json``; refused when it was trained for another target), or else a draft model (package
@@ -48,31 +51,57 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
 # recommended drafting (AUTO_DRAFT): measured best on the embedded target (README, "Measured"); for another target,
 # the same recipe with the EAGLE head trained for it if there is one, else lookup trees.
 TREE_DRAFTS = ("auto", "hybrid-tree", "hybrid-tree-drawn", "eagle-tree", "eagle-tree-drawn", "eagle-adaptive",
-               "dynamic-tree", "hybrid-dynamic", "lookup-tree")
-DYNAMIC_TREES = ("dynamic-tree", "hybrid-dynamic")  # measured on the machine as they load
-AUTO_DRAFT = "hybrid-dynamic"  # measured best at T = 0 and T = 1 on prompts outside the benchmark (docs/SPEED.md)
+               "dynamic-tree", "hybrid-dynamic", "hybrid-dynamic-store", "lookup-tree", "store-tree")
+DYNAMIC_TREES = ("dynamic-tree", "hybrid-dynamic", "hybrid-dynamic-store")  # measured on the machine as they load
+STORE_DRAFTS = ("hybrid-dynamic-store", "store-tree")  # read the target's earlier replies (Datastore.from_corpus)
+AUTO_DRAFT = "hybrid-dynamic-store"  # measured best at T = 0 and T = 1 on prompts outside the benchmark (docs/SPEED.md)
+AUTO_WITHOUT_STORE = "hybrid-dynamic"  # "auto" for a target that wrote no replies the store could read
 TREE_LABELS = {"eagle-adaptive": "EAGLE adaptive", "eagle-tree": "EAGLE tree", "eagle-tree-drawn": "EAGLE tree drawn",
                "hybrid-tree": "hybrid tree", "hybrid-tree-drawn": "hybrid tree drawn",
-               "dynamic-tree": "EAGLE dynamic tree", "hybrid-dynamic": "hybrid dynamic tree"}  # how results name them
+               "dynamic-tree": "EAGLE dynamic tree", "hybrid-dynamic": "hybrid dynamic tree",
+               "hybrid-dynamic-store": "hybrid dynamic tree + store"}  # how results name them
 AUTO_SETTINGS = dict(lookup_branches=2, head_width=2, adaptive_threshold=0.3)  # the measured recommendation
+STORE_SETTINGS = dict(budget=6, max_match=8, min_frequency=0.1)  # the store's nodes a round (drafts/datastore.py)
 
 
 def tree_draft(name: str, target, head: str | None = None):
     """A tree or adaptive drafter by name (``TREE_DRAFTS``). The head-based ones need an EAGLE head trained for
     ``target`` under the drafts folder (``heads_for``): ``head`` names it, by default ``recommended_eagle``'s;
-    "auto" falls back to lookup trees without one."""
+    "auto" falls back to lookup trees without one. The store's (``STORE_DRAFTS``) need replies the target wrote
+    (``Datastore.from_corpus``)."""
     eagle_names = [n for n in heads_for(target) if read_head_config(drafts_dir() / n).kind == "eagle"]
     if head is not None and head not in eagle_names:
         raise ValueError(f"head {head!r} is not an EAGLE head trained for this target under {drafts_dir()}; "
                          f"those are {eagle_names or 'none'}")
     if name == "lookup-tree" or (name == "auto" and not eagle_names):
         return LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"])
+    if name == "store-tree":
+        return store_draft(target)
     if not eagle_names:
         raise ValueError(f"draft {name!r} needs an EAGLE head trained for this target under {drafts_dir()}; "
                          "train one (notebooks/00_train_heads.ipynb) or use 'lookup-tree'")
-    name = AUTO_DRAFT if name == "auto" else name
+    store = None
+    if name == "auto":
+        name, store = auto_drafting(target)
+    elif name in STORE_DRAFTS:
+        store = store_draft(target)
     eagle = load_head(drafts_dir() / (head or recommended_eagle(eagle_names)), target)
-    return head_tree_drafts(eagle, target if name in DYNAMIC_TREES else None)[name]
+    return head_tree_drafts(eagle, target if name in DYNAMIC_TREES else None, store)[name]
+
+
+def auto_drafting(target) -> tuple[str, "DatastoreTreeDraft | None"]:
+    """(name, store) of what "auto" is for ``target``: ``AUTO_DRAFT`` with its store of the target's replies, or,
+    where the target wrote none (another model; an installed package without the repository's corpus),
+    ``AUTO_WITHOUT_STORE``."""
+    try:
+        return AUTO_DRAFT, store_draft(target)
+    except ValueError:
+        return AUTO_WITHOUT_STORE, None
+
+
+def store_draft(target) -> DatastoreTreeDraft:
+    """The retrieval draft over the replies ``target`` wrote (``data/target_text``), with ``STORE_SETTINGS``."""
+    return DatastoreTreeDraft(Datastore.from_corpus(target), **STORE_SETTINGS)
 
 
 def recommended_eagle(eagle_names: list[str]) -> str:
@@ -89,13 +118,13 @@ def recommended_eagle(eagle_names: list[str]) -> str:
 RECOMMENDED_EAGLES = (EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE)  # the embedded target's, best first
 
 
-def head_tree_drafts(eagle: EagleDraft, target=None) -> dict:
+def head_tree_drafts(eagle: EagleDraft, target=None, store: DatastoreTreeDraft | None = None) -> dict:
     """The drafters built on one EAGLE head, by ``TREE_DRAFTS`` name, with the recommended settings
     (``AUTO_SETTINGS``); each has its own adaptive threshold, which at T > 0 reads q's entropy. "eagle-tree-drawn"
     and "hybrid-tree-drawn" draw the head's candidates from q at T > 0 (SpecInfer) where "eagle-tree" and
     "hybrid-tree" choose the most likely (at T = 0 each is the same as its chosen twin). Given
     ``target``, also the dynamic trees, with costs measured once on this machine (``measured_dynamic_tree``),
-    shared by both."""
+    shared by all, and, given ``store`` (``store_draft``), the hybrid dynamic tree with the store's branches."""
     def adaptive():
         return AdaptiveLength(threshold=AUTO_SETTINGS["adaptive_threshold"], entropy=True)
 
@@ -111,6 +140,8 @@ def head_tree_drafts(eagle: EagleDraft, target=None) -> dict:
     if target is not None:
         dynamic = measured_dynamic_tree(eagle, target)
         built.update({"dynamic-tree": dynamic, "hybrid-dynamic": HybridTreeDraft(lookup(), dynamic)})
+        if store is not None:
+            built["hybrid-dynamic-store"] = HybridTreeDraft(lookup(), dynamic, store)
     return built
 
 
@@ -181,9 +212,12 @@ def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int
     eagles = {name: head for name, head in loaded.items() if isinstance(head, EagleDraft)}
     eagle = eagles[recommended_eagle(list(eagles))] if eagles else None
     if eagle is not None:  # adaptive length, trees and the hybrids on the same head
-        built = head_tree_drafts(eagle, target)
-        drafts.update({TREE_LABELS[name] + (" (auto)" if name == AUTO_DRAFT else ""): built[name]
-                       for name in TREE_LABELS})
+        auto, store = auto_drafting(target)
+        built = head_tree_drafts(eagle, target, store)
+        drafts.update({TREE_LABELS[name] + (" (auto)" if name == auto else ""): built[name]
+                       for name in TREE_LABELS if name in built})
+        if store is None:
+            skipped[TREE_LABELS[AUTO_DRAFT]] = "the target wrote no replies for a store (data/target_text)"
     else:
         skipped["EAGLE adaptive / tree / hybrid"] = "no EAGLE head for this target"
     try:

@@ -12,7 +12,8 @@
   match length it requires (the point-mass rule: a longer match, a more reliable continuation).
 - ``DynamicTreeDraft``: EAGLE-2's dynamic tree: expanded by path confidence, cut to the node budget and depth that
   the cost model, with this machine's measured v(n), says pay (``measured_dynamic_tree``).
-- ``HybridTreeDraft``: lookup branches and a head's tree in one tree, merged where they agree.
+- ``HybridTreeDraft``: lookup branches (and, with a store, retrieved continuations: ``drafts/datastore.py``) and a
+  head's tree in one tree, merged where they agree.
 - ``SampledTreeDraft``: SpecInfer's sampled trees from a small draft model (siblings drawn i.i.d. from q), recomputed
   from scratch every round: for toy models and exactness checks, not for speed.
 
@@ -419,13 +420,14 @@ class LookupTreeDraft(Drafter):
 
 class HybridTreeDraft(Drafter):
     """Lookup branches and an EAGLE head's tree (its chain with siblings, or the dynamic tree) in one tree, merged
-    where they agree."""
+    where they agree; with ``store`` (a ``drafts.datastore.DatastoreTreeDraft``), also the continuations found in
+    the target's earlier replies."""
 
     uses_target_features = True
     proposes_trees = True
 
-    def __init__(self, lookup: LookupTreeDraft, head: "EagleTreeDraft | DynamicTreeDraft"):
-        self.lookup, self.head = lookup, head
+    def __init__(self, lookup: LookupTreeDraft, head: "EagleTreeDraft | DynamicTreeDraft", store=None):
+        self.lookup, self.head, self.store = lookup, head, store
         self.vocab_size, self.feature_layers = head.vocab_size, head.feature_layers
 
     def begin(self, input_ids):
@@ -435,10 +437,16 @@ class HybridTreeDraft(Drafter):
     def observe(self, hidden, first_position: int) -> None:
         self.head.observe(hidden, first_position)
 
+    def grow_lookups(self, builder: TreeBuilder, seq, lengths, gamma: int) -> None:
+        """The branches that need no model: prompt lookup's, then the store's (both fixed by the context)."""
+        self.lookup.grow(builder, seq, lengths, gamma)
+        if self.store is not None:
+            self.store.grow(builder, seq, lengths, gamma)
+
     @torch.inference_mode()
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
         builder = root_builder(seq, lengths)
-        self.lookup.grow(builder, seq, lengths, gamma)
+        self.grow_lookups(builder, seq, lengths, gamma)
         self.head.grow(builder, seq, lengths, gamma, sampling, generator)
         return builder.build()
 
@@ -452,7 +460,7 @@ class HybridTreeDraft(Drafter):
         """Every tree a round from ``context`` (1-D) can propose, with its probability: the lookup branches, which
         the context fixes, grown by the head's ``tree_law``."""
         builder = TreeBuilder(int(context[-1]))
-        self.lookup.grow(builder, context[None], torch.tensor([len(context)]), gamma)
+        self.grow_lookups(builder, context[None], torch.tensor([len(context)]), gamma)
         return self.head.tree_law(context, gamma, sampling, builder)
 
     def rollback(self, kept: torch.Tensor) -> None:

@@ -337,6 +337,8 @@ def speed_goals(summary: pd.DataFrame, method: str) -> pd.DataFrame:
 PROGRESSION = (("the head: first EAGLE head -> EAGLE-3-style head (chains)", "EAGLE head", "EAGLE-3 head", 0.0),
                ("tree shape: fixed -> dynamic (head only)", "EAGLE tree", "EAGLE dynamic tree", 0.0),
                ("tree shape: fixed -> dynamic (with lookup branches)", "hybrid tree", "hybrid dynamic tree", 0.0),
+               ("lookup branches: the context -> also the target's earlier replies (a store)", "hybrid dynamic tree",
+                "hybrid dynamic tree + store", 0.0),
                ("drafts at T=1: chosen -> drawn from q", "EAGLE tree", "EAGLE tree drawn", 1.0),
                ("drafts at T=1, with lookup branches: chosen -> drawn", "hybrid tree", "hybrid tree drawn", 1.0))
 
