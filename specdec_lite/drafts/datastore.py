@@ -68,7 +68,7 @@ class Datastore:
     def from_corpus(cls, target, records=None, key_length: int = 24) -> "Datastore":
         """The target's replies in the target-made corpus (``train.corpus``: ``data/target_text``), refused for a
         target that did not write them (another tokenizer's ids would mean nothing). ``records``: the corpus's
-        (index entry, token ids) pairs, by default all of them (``corpus.load_records``)."""
+        (index entry, token ids) pairs, by default all of them (``load_records``)."""
         if records is None:
             try:
                 records = load_records()
