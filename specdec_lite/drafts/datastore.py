@@ -24,6 +24,7 @@ import numpy as np
 from .. import paths
 from ..core.drafter import Drafter
 from ..core.tree import Tree, TreeBuilder
+from .trees import root_builder
 
 SEPARATOR = -1  # between records in the store: no continuation runs from one record into the next
 
@@ -34,7 +35,7 @@ class Datastore:
     occurrences are one contiguous range of ``sa``, and within it the occurrences are sorted by what follows, so
     the continuations of a match are runs of that range."""
 
-    def __init__(self, records: list[np.ndarray], key_length: int = 24, name: str = "store"):
+    def __init__(self, records: list[np.ndarray], key_length: int = 24):
         if not records or not any(len(r) for r in records):
             raise ValueError("a datastore needs at least one non-empty record of token ids")
         if key_length < 2:
@@ -46,7 +47,7 @@ class Datastore:
             parts += [np.asarray(r, dtype=np.int64), np.array([SEPARATOR])]
         self.tokens = np.concatenate(parts + [np.full(key_length, SEPARATOR)])
         self.size = len(self.tokens) - key_length  # positions that start a suffix
-        self.key_length, self.name = key_length, name
+        self.key_length = key_length
         self.sa = self._suffix_order()
 
     def _suffix_order(self) -> np.ndarray:
@@ -82,7 +83,7 @@ class Datastore:
                              "tokens; write some with `python -m specdec_lite.train.corpus --target <it>` or build "
                              "one with Datastore([token id arrays])")
         replies = [ids[entry["prompt_len"]:] for entry, ids in records if _same_model(name, entry.get("target"))]
-        return cls(replies, key_length, name="target-made replies")
+        return cls(replies, key_length)
 
     def __len__(self) -> int:
         return self.size
@@ -194,6 +195,6 @@ class DatastoreTreeDraft(Drafter):
             node[tuple(path)] = builder.add(node[tuple(path[:-1])], path[-1])
 
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
-        builder = TreeBuilder(int(seq[0, int(lengths[0]) - 1]))
+        builder = root_builder(seq, lengths)
         self.grow(builder, seq, lengths, gamma)
         return builder.build()

@@ -52,7 +52,7 @@ import torch
 
 from .. import paths
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
-from ..drafts.datastore import load_index, load_records  # noqa: F401  (read here; the retrieval draft reads them too)
+from ..drafts.datastore import load_index, load_records  # the corpus readers: the retrieval draft reads it too
 
 TEMPERATURES = (0.0, 0.7, 1.0)  # cycled over records: greedy text for greedy acceptance, sampled for variety
 SOURCE_TEMPERATURES = (0.0, 1.0)  # the harvested prompts: greedy and plain sampling, as in the evaluation
