@@ -11,6 +11,7 @@ from specdec_lite.drafts import heads
 from specdec_lite.paths import DATA_ENV
 from specdec_lite.train import continued, corpus, eagle3, features
 from specdec_lite.train.heads import FeatureDataset, HeadTrainConfig, HeadTrainer, load_dataset
+from specdec_lite.train.loop import copy_checkpoint
 
 from conftest import tiny_llama
 
@@ -48,8 +49,8 @@ def config(root, **kw):
     return HeadTrainConfig(**{**base, **kw})
 
 
-def trainer(target, root, out, cfg):
-    return continued.make_trainer(target, root / out, cfg, root / "text", root / "f", "tiny")
+def trainer(target, root, out, cfg, num_layers=None):
+    return continued.make_trainer(target, root / out, cfg, root / "text", root / "f", "tiny", num_layers=num_layers)
 
 
 def test_the_run_starts_from_the_shipped_head_and_holds_out_the_named_records(shipped):
@@ -69,7 +70,7 @@ def test_the_run_starts_from_the_shipped_head_and_holds_out_the_named_records(sh
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(shipped):
-    """With training-time test, as the newest run trains."""
+    """With training-time test, as the unrolled runs train."""
     target, root = shipped
     whole = trainer(target, root, "whole", config(root, steps=6, eval_every=3, unroll=continued.UNROLL))
     whole.run(progress=False)
@@ -91,7 +92,7 @@ def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped)
     same = trainer(target, root, "same", config(root, steps=1, lr=0.0))
     same.run(progress=False)
     assert not eagle3.is_better(continued.publish(target, same, continued.NAME, root / "text")) and not published.exists()
-    good = trainer(target, root, "good", config(root, unroll=continued.UNROLL))  # as the newest run trains
+    good = trainer(target, root, "good", config(root, unroll=continued.UNROLL))  # as the unrolled runs train
     good.run(progress=False)
     comparison = continued.publish(target, good, continued.NAME, root / "text")
     assert eagle3.is_better(comparison) and list(comparison.index) == [
@@ -102,6 +103,34 @@ def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped)
     assert "the head it started from beside this one" in card and "continued.compare_heads" in card
     assert f"training-time test: the same loss after each of {continued.UNROLL} drafting steps" in card
     assert isinstance(sd.load_draft(continued.NAME, target), sd.EagleDraft)
+
+
+def test_a_run_of_more_layers_grows_its_start_and_resumes(shipped):
+    """A run of two decoder layers from the one-layer shipped head (``continued.LAYERS``): before training it
+    predicts exactly what its start predicts (the second layer begins as the identity); training moves the second
+    layer; an interrupted run resumes to the same weights; a start with more layers than the run is refused."""
+    target, root = shipped
+    assert continued.LAYERS[continued.NAME] == 2
+    cfg = config(root, steps=4, eval_every=2)
+    deep = trainer(target, root, "deep", cfg, num_layers=2)
+    start, _, _ = heads.read_head(root / "data" / "drafts" / EMBEDDED_EAGLE)
+    torch.manual_seed(0)
+    x, e, positions = torch.randn(1, 5, 32), torch.randn(1, 5, 32), torch.arange(5)
+    assert len(deep.head.layers) == 2 and torch.equal(deep.head(x, e, positions), start(x, e, positions))
+    deep.run(progress=False)
+    assert deep.head.deeper[0].down.weight.abs().sum() > 0
+    assert not torch.allclose(deep.head(x, e, positions), start(x, e, positions), atol=1e-4)
+    parted = trainer(target, root, "deep-parted", cfg, num_layers=2)
+    parted.run(max_minutes=0, progress=False)
+    resumed = trainer(target, root, "deep-parted", continued.run_config(root / "deep-parted", steps=99), num_layers=2)
+    resumed.run(progress=False)
+    for a, b in zip(deep.head.state_dict().values(), resumed.head.state_dict().values()):
+        assert torch.equal(a, b)
+    copy_checkpoint(root / "deep", root / "data" / "drafts" / "two-layers")
+    assert heads.read_head_config(root / "data" / "drafts" / "two-layers").num_layers == 2
+    assert len(trainer(target, root, "kept", config(root, start_from="two-layers")).head.layers) == 2
+    with pytest.raises(ValueError, match=r"in \['num_layers'\].*fewer layers"):
+        trainer(target, root, "shallow", config(root, start_from="two-layers"), num_layers=1)
 
 
 def test_a_run_from_a_continued_head_also_holds_out_records_its_start_never_saw():

@@ -8,6 +8,7 @@ tolerance is 1e-6 (float32 rounding of p and q; a broken verifier moves the law 
 A second test holds the live drafter (KV cache, rollbacks, features handed over by the loop) to that reference
 at every round of real generations, so the enumerated law is the law of the loop that runs.
 """
+import dataclasses
 import json
 
 import pytest
@@ -26,15 +27,16 @@ from specdec_lite.train.heads import (HeadTrainConfig, HeadTrainer, check_kinds,
 from conftest import tiny_llama
 
 KINDS = ("eagle", "medusa")  # what train.heads trains
-DRAFT_KINDS = KINDS + ("eagle3",)  # eagle3: the EAGLE head reading fused layers (heads.FusedEagleHead)
+DRAFT_KINDS = KINDS + ("eagle3", "eagle-deep")  # eagle3: the EAGLE head reading fused layers (heads.FusedEagleHead);
+# eagle-deep: an EAGLE head of two decoder layers (random weights: the second is not the identity it starts as)
 GREEDY = sd.SamplingParams(temperature=0)
 
 
 def random_head_draft(target, kind, sub_vocab=None, num_heads=3, seed=1):
     """An untrained head with random (not zero) weights, so its drafts are sometimes right, sometimes not."""
-    fused = {"feature_layers": heads.fused_layers(target)} if kind == "eagle3" else {}
+    shape = {"eagle3": {"feature_layers": heads.fused_layers(target)}, "eagle-deep": {"num_layers": 2}}.get(kind, {})
     cfg = heads.head_config_for(target, "medusa" if kind == "medusa" else "eagle", "tiny",
-                                sub_vocab_size=0 if sub_vocab is None else len(sub_vocab), num_heads=num_heads, **fused)
+                                sub_vocab_size=0 if sub_vocab is None else len(sub_vocab), num_heads=num_heads, **shape)
     torch.manual_seed(seed)
     head = heads.build_head(cfg)
     with torch.no_grad():
@@ -131,19 +133,20 @@ def test_eagle_cache_holds_real_features_only_after_each_rollback():
     assert any(cache_len > 0 for cache_len, *_ in lengths_seen)
 
 
-def test_unrolled_training_predictions_are_the_drafting_chain():
+@pytest.mark.parametrize("kind", ["eagle3", "eagle-deep"])
+def test_unrolled_training_predictions_are_the_drafting_chain(kind):
     """Training-time test computes, in one pass per step, what the drafter computes token by token: step k at
-    position i equals drafting k+1 tokens after real features up to position i-k (the head's own KV cache, fed its
-    own predictions), to float32 rounding."""
+    position i equals drafting k+1 tokens after real features up to position i-k (the head's own KV caches, one per
+    decoder layer, fed its own predictions), to float32 rounding."""
     target = tiny_llama(vocab=64, seed=0)
-    head = random_head_draft(target, "eagle3").head.float()
+    head = random_head_draft(target, kind).head.float()
     n, H = 12, target.config.hidden_size
     torch.manual_seed(0)
     features, embeddings = torch.randn(2, n, H), torch.randn(2, n, H)
     steps = head.unrolled(features, embeddings, 3)
     for i in range(3, n):
         for k in range(3):
-            cache = heads.KVCache()
+            cache = head.new_cache()
             real = i - k + 1  # real entries at positions 0..i-k
             predicted = head(features[:, :real], embeddings[:, :real], torch.arange(real), cache)[:, -1:]
             for s in range(1, k + 1):
@@ -188,6 +191,28 @@ def test_unrolled_head_loss_is_the_one_step_loss_plus_the_drafting_steps():
     assert one.item() == pytest.approx(losses[0].item(), rel=1e-5)
     assert three.item() == pytest.approx((losses[0] + 0.8 * losses[1] + 0.64 * losses[2]).item(), rel=1e-5)
     assert metrics["regression_step3"] != pytest.approx(metrics["regression"], rel=1e-3)  # the steps differ
+
+
+def test_a_deeper_layer_starts_as_the_identity():
+    """A head of two decoder layers, as built, predicts what its first layer alone predicts (the second passes its
+    input through until trained), with or without its caches; once the second layer's weights move, it does not."""
+    target = tiny_llama(vocab=64, seed=0)
+    cfg = heads.head_config_for(target, "eagle", "tiny", sub_vocab_size=0)
+    torch.manual_seed(0)
+    one, two = heads.build_head(cfg), heads.build_head(dataclasses.replace(cfg, num_layers=2))
+    missing, unexpected = two.load_state_dict(one.state_dict(), strict=False)
+    assert not unexpected and missing and all(key.startswith("deeper.0.") for key in missing)
+    features, embeddings = torch.randn(2, 7, cfg.hidden_size), torch.randn(2, 7, cfg.hidden_size)
+    positions = torch.arange(7)
+    assert torch.equal(two(features, embeddings, positions), one(features, embeddings, positions))
+    cache = two.new_cache()
+    two(features[:, :4], embeddings[:, :4], positions[:4], cache)
+    assert [c.length for c in cache.layers] == [4, 4]
+    assert torch.allclose(two(features[:, 4:], embeddings[:, 4:], positions[4:], cache),
+                          one(features, embeddings, positions)[:, 4:], atol=1e-6)
+    with torch.no_grad():
+        two.deeper[0].down.weight.normal_()
+    assert not torch.allclose(two(features, embeddings, positions), one(features, embeddings, positions), atol=1e-3)
 
 
 def test_kv_cache_crop_and_append():

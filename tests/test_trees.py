@@ -312,14 +312,17 @@ EAGLE_TREES = {
         LookupTreeDraft(branches=2), DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2),
         store_tree(3, budget=3)),
 }
+EAGLE_TREES["dynamic hybrid tree with a store, two-layer head"] = EAGLE_TREES["dynamic hybrid tree with a store"]
 EAGLE_PROMPT = [0, 2]
 
 
 def eagle_tree(kind, target):
-    """A fresh ``kind`` of EAGLE tree on a random EAGLE-3-style head for ``target`` (the same head every time)."""
+    """A fresh ``kind`` of EAGLE tree on a random head for ``target`` (the same head every time): EAGLE-3-style,
+    or of two decoder layers where the kind says so."""
     from test_heads import random_head_draft
 
-    return EAGLE_TREES[kind](random_head_draft(target, "eagle3", seed=3))
+    head = "eagle-deep" if kind.endswith("two-layer head") else "eagle3"
+    return EAGLE_TREES[kind](random_head_draft(target, head, seed=3))
 
 
 @pytest.mark.parametrize("sampling", SETTINGS, ids=["T1", "T0.7-topk-topp", "greedy"])
@@ -351,12 +354,13 @@ def test_enumeration_rejects_broken_verifiers_of_the_drawn_hybrid_tree(name, kin
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["drawn EAGLE tree", "dynamic tree", "drawn hybrid tree",
-                                  "dynamic hybrid tree with a store"])
+                                  "dynamic hybrid tree with a store",
+                                  "dynamic hybrid tree with a store, two-layer head"])
 def test_t1_eagle_trees_keep_the_target_law(kind):
     """The EAGLE head's trees at T = 1, gamma 2, on a tiny Llama (its tree forward: mask and positions) with a
     random EAGLE-3-style head: the chain and its siblings drawn from q (width 2), EAGLE-2's dynamic tree (chosen
     candidates), lookup branches with the head's drawn candidates (the hybrid), or the dynamic tree with lookup and
-    store branches (the shape of "auto"). The first round is the
+    store branches (the shape of "auto"), also on a head of two decoder layers. The first round is the
     prefill, so the first three tokens are where the tree acts. n = 3,000 runs of the real loop; chi-square of the
     first three tokens (27 cells) against the target's exact law at level 1e-3. Against the loop with the residual
     left out of the verifier the test's power, from that loop's law by enumeration, is > 0.99, and it rejects that
@@ -475,7 +479,7 @@ def _observed(target, eagle, prompt):
     return eagle
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle-deep"])
 def test_dynamic_tree_expansions_are_the_chains_of_their_paths(kind):
     """Each expanded node's children in the dynamic tree are the head's top tokens after the node's path as a
     cache-free chain computes it (``reference_logits``): the head's tree attention and positions are right. A

@@ -52,6 +52,7 @@ class HeadConfig:
     num_attention_heads: int = 8
     intermediate_size: int = 1536
     rope_theta: float = 10000.0
+    num_layers: int = 1  # decoder layers: one in EAGLE; a deeper head's later ones start as the identity
     feature_layers: list = field(default_factory=list)  # EAGLE-3: the target's layers it fuses; []: the last only
     # Medusa heads
     num_heads: int = 4
@@ -63,6 +64,8 @@ class HeadConfig:
         if self.kind == "eagle" and self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                              f"{self.num_attention_heads}")
+        if self.kind == "eagle" and self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
         if self.kind == "medusa" and self.num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {self.num_heads}")
 
@@ -98,6 +101,21 @@ class KVCache:
     def crop(self, length: int) -> None:
         if self.k is not None:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
+class HeadCache:
+    """A head's caches, one ``KVCache`` per decoder layer, always of the same length; rolled back together."""
+
+    def __init__(self, layers: int = 1):
+        self.layers = [KVCache() for _ in range(layers)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def crop(self, length: int) -> None:
+        for cache in self.layers:
+            cache.crop(length)
 
 
 def rotate(x, positions, theta: float):
@@ -147,18 +165,40 @@ class DecoderLayer(nn.Module):
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
+    def start_as_identity(self) -> "DecoderLayer":
+        """Zero the projections that write into the residual stream (attention output, MLP down), so that the layer
+        passes its input through unchanged until training moves them."""
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.down.weight)
+        return self
+
 
 class EagleHead(nn.Module):
-    """(feature f_t, embedding of token t+1) -> predicted feature f_{t+1}."""
+    """(feature f_t, embedding of token t+1) -> predicted feature f_{t+1}: a fusion, then ``cfg.num_layers`` decoder
+    layers (``layer``, then ``deeper``: each starts as the identity, so a head grown from a one-layer head begins
+    by predicting what that head predicts)."""
 
     def __init__(self, cfg: HeadConfig):
         super().__init__()
         H = cfg.hidden_size
         self.fuse = nn.Linear(2 * H, H)
         self.layer = DecoderLayer(H, cfg.num_attention_heads, cfg.intermediate_size, cfg.rope_theta)
+        self.deeper = nn.ModuleList(
+            DecoderLayer(H, cfg.num_attention_heads, cfg.intermediate_size, cfg.rope_theta).start_as_identity()
+            for _ in range(cfg.num_layers - 1))
 
-    def forward(self, features, token_embeddings, positions, cache: KVCache | None = None, allowed=None):
-        return self.prediction(self.layer(self.inputs(features, token_embeddings), positions, cache, allowed))
+    @property
+    def layers(self) -> list[DecoderLayer]:
+        return [self.layer, *self.deeper]
+
+    def new_cache(self) -> HeadCache:
+        return HeadCache(len(self.layers))
+
+    def forward(self, features, token_embeddings, positions, cache: HeadCache | None = None, allowed=None):
+        x = self.inputs(features, token_embeddings)
+        for layer, layer_cache in zip(self.layers, cache.layers if cache is not None else [None] * len(self.layers)):
+            x = layer(x, positions, layer_cache, allowed)
+        return self.prediction(x)
 
     def inputs(self, features, token_embeddings):
         return self.fuse(torch.cat([features, token_embeddings.to(features.dtype)], dim=-1))
@@ -180,15 +220,18 @@ class EagleHead(nn.Module):
         at step k, positions below k mean nothing."""
         n = features.shape[1]
         positions = torch.arange(n, device=features.device)
-        keys, values, out, fed = [], [], [], features
+        keys, values = [[] for _ in self.layers], [[] for _ in self.layers]  # per layer, per step
+        out, fed = [], features
         for k in range(steps):
             x = self.inputs(fed, token_embeddings)
-            q, key, value = self.layer.project(x, positions)
-            keys.append(key)
-            values.append(value)
-            attended = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
-                                                      attn_mask=unrolled_mask(n, k, features.device))
-            out.append(self.prediction(self.layer.finish(x, attended)))
+            for layer, layer_keys, layer_values in zip(self.layers, keys, values):
+                q, key, value = layer.project(x, positions)
+                layer_keys.append(key)
+                layer_values.append(value)
+                attended = F.scaled_dot_product_attention(q, torch.cat(layer_keys, 2), torch.cat(layer_values, 2),
+                                                          attn_mask=unrolled_mask(n, k, features.device))
+                x = layer.finish(x, attended)
+            out.append(self.prediction(x))
             fed = torch.cat([out[-1][:, :1], out[-1][:, :-1]], dim=1)  # position i reads the prediction at i-1
         return out
 
@@ -349,11 +392,11 @@ class EagleDraft(FeatureDraft):
     def __init__(self, head: EagleHead, cfg: HeadConfig, target: nn.Module, vocab_ids=None):
         super().__init__(head, cfg, target, vocab_ids)
         self.embed = target.get_input_embeddings()
-        self.cache, self.real_length = KVCache(), 0
+        self.cache, self.real_length = self.head.new_cache(), 0
 
     def begin(self, input_ids):
         super().begin(input_ids)
-        self.cache = KVCache()
+        self.cache = self.head.new_cache()
         self.real_length = 0  # cache entries made from real (target) features
 
     @torch.inference_mode()

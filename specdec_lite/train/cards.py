@@ -107,6 +107,14 @@ def draft_card(out_dir: Path, draft, target_name: str, corpus_index: list, log: 
         evaluation)
 
 
+def decoder_layers(hc) -> str:
+    """The head's decoder layers in words: one, or how many and that the later ones began as the identity
+    (``drafts.heads.EagleHead``)."""
+    if hc.num_layers == 1:
+        return "one decoder layer"
+    return f"{hc.num_layers} decoder layers (each after the first began as the identity)"
+
+
 def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
               trained_by: str = "`notebooks/00_train_heads.ipynb`") -> str:
     """A head's card (EAGLE-style or Medusa); ``trainer`` is the ``train.heads.HeadTrainer`` that trained it."""
@@ -118,7 +126,7 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
     vocab = f"the {hc.sub_vocab_size} most frequent reply tokens" if hc.sub_vocab_size else "the full vocabulary"
     if hc.kind == "eagle":
         what = (f"EAGLE-style head (Li et al. 2024): a linear fusion of (target feature, token embedding) into "
-                f"width {hc.hidden_size}, then one decoder layer ({hc.num_attention_heads} heads, MLP "
+                f"width {hc.hidden_size}, then {decoder_layers(hc)} ({hc.num_attention_heads} heads, MLP "
                 f"{hc.intermediate_size}, RoPE base {hc.rope_theta:g}); it predicts the target's next feature, "
                 "which the target's own output layer reads.")
         loss = (f"{cfg.regression_weight} x smooth-L1 on the predicted feature + {cfg.ce_weight} x cross-entropy "
@@ -177,11 +185,11 @@ def eagle3_card(out_dir: Path, trainer, comparison) -> str:
         "the head `loading.recommended_eagle` names); load it alone with `specdec_lite.load_pair(target, "
         f"draft=\"{out_dir.name}\")`. It refuses any other target (weights fingerprint `{hc.target_fingerprint}`).",
         f"EAGLE-3 (Li et al. 2025): the target's hidden states at layers {list(hc.feature_layers)} (low, middle, "
-        f"high) fused by a linear layer into width {hc.hidden_size}, then with the token embedding into one "
-        f"decoder layer ({hc.num_attention_heads} heads, MLP {hc.intermediate_size}); it predicts the next feature, "
-        f"read by an output layer over the {hc.sub_vocab_size} most frequent reply tokens (q is zero elsewhere; "
-        f"exact, since the verifier gets that q). {parameter_count(trainer.head) / 1e6:.2f} M trained parameters; "
-        f"`head.safetensors` (float16) {size:.1f} MB.",
+        f"high) fused by a linear layer into width {hc.hidden_size}, then with the token embedding into "
+        f"{decoder_layers(hc)} ({hc.num_attention_heads} heads, MLP {hc.intermediate_size}); it predicts the next "
+        f"feature, read by an output layer over the {hc.sub_vocab_size} most frequent reply tokens (q is zero "
+        f"elsewhere; exact, since the verifier gets that q). {parameter_count(trainer.head) / 1e6:.2f} M trained "
+        f"parameters; `head.safetensors` (float16) {size:.1f} MB.",
         f"{len(trainer.data.replies)} replies written by the target to offline prompts of the four tasks "
         f"({replies} reply tokens within {cfg.max_len} tokens a row; `specdec_lite/train/corpus.py`) and "
         f"{len(trainer.data.chunks)} chunks of teacher-forced text ({teacher} tokens: code, documentation and "

@@ -16,6 +16,10 @@ before (``STARTS``), and train on replies in ``data/target_text`` the corpus hel
                                 (EAGLE-3's training-time test, ``heads.eagle_loss``), not teacher-forced only
     smollm2-135m-eagle-ttt2     from that head, the same way, on every reply to the target's own requests written
                                 since (about a fifth more)
+    smollm2-135m-eagle-deep     from smollm2-135m-eagle-self grown to two decoder layers (the second starts as the
+                                identity, so the run begins from that head's predictions), teacher-forced as it
+                                was, on every reply to the target's own requests: more of the same text did not
+                                move the one-layer heads, so this tries more capacity
 
 Each holds out the EAGLE-3 run's replies (``eagle3.heldout_indices``: records the first head never saw); a later
 run also holds out ``eagle3.HELDOUT_RECORDS`` of the records its start never saw, spread evenly over them
@@ -31,12 +35,13 @@ moments and the random states: ``loop.TrainingLoop``), committed so a clone resu
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
-from ..core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT,
-                           EMBEDDED_EAGLE_TTT2, EMBEDDED_TARGET, load_model)
+from ..core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF,
+                           EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2, EMBEDDED_TARGET, load_model)
 from ..drafts.heads import read_head_config
 from ..paths import drafts_dir, repo_root
 from ..show import to_markdown
@@ -45,12 +50,15 @@ from .heads import HeadTrainConfig, HeadTrainer, load_dataset
 from .loop import CONFIG_FILE, STATE_FILE, copy_checkpoint, read_config, require_checkpoint, run_arguments
 
 STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_EAGLE_REPLIES,
-          EMBEDDED_EAGLE_TTT: EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT2: EMBEDDED_EAGLE_TTT}  # head: its start
-NAME = EMBEDDED_EAGLE_TTT2  # the newest run
+          EMBEDDED_EAGLE_TTT: EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT2: EMBEDDED_EAGLE_TTT,
+          EMBEDDED_EAGLE_DEEP: EMBEDDED_EAGLE_SELF}  # head: its start
+NAME = EMBEDDED_EAGLE_DEEP  # the newest run
 PEAK_LR = 5e-4  # the continued runs' peak learning rate, half the first head's (a run may set its own: --lr)
 UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance), and trained on by the unrolled runs
-UNROLLED = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2}  # the runs trained with training-time test, on the self-made
-# replies only: their start has trained on the text before them, whose features would take far longer to extract
+UNROLLED = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2}  # the runs trained with training-time test
+SELF_MADE_ONLY = UNROLLED | {EMBEDDED_EAGLE_DEEP}  # the runs on the replies to the target's own requests only: their
+# start has trained on the text before them, whose features would take far longer to extract
+LAYERS = {EMBEDDED_EAGLE_DEEP: 2}  # decoder layers of a run that grows its start (the others keep its one)
 
 
 def training_dir(name: str = NAME) -> Path:
@@ -70,12 +78,13 @@ def new_heldout(seen: int, n_records: int) -> list[int]:
 
 
 def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_from: str = EMBEDDED_EAGLE,
-               unroll: int = 1, lr: float = PEAK_LR) -> HeadTrainConfig:
+               unroll: int = 1, lr: float = PEAK_LR, self_made_only: bool = False) -> HeadTrainConfig:
     """The run's settings: those stored in ``out_dir`` when it resumes, else the first head's recipe at peak
     learning rate ``lr`` (by default half the first head's), from ``start_from``, on every record the corpus has
     now but the held-out ones: the EAGLE-3 run's, and for a start that is itself a continued head, ``new_heldout``
-    of the records it never saw. With ``unroll`` > 1, training-time test of that many steps, on the replies to the
-    target's own requests only (from the first of them on)."""
+    of the records it never saw. With ``unroll`` > 1, training-time test of that many steps. With
+    ``self_made_only`` (always with ``unroll`` > 1), on the replies to the target's own requests only (from the
+    first of them on)."""
     if (out_dir / CONFIG_FILE).exists():
         return read_config(out_dir / CONFIG_FILE, HeadTrainConfig)
     index = corpus.load_index(corpus_dir)
@@ -85,20 +94,24 @@ def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_
     seen = read_config(start, HeadTrainConfig).records if start.exists() else 0  # 0: not a continued head
     if seen:
         heldout += new_heldout(seen, n)
-    first = corpus.first_self_made(index) if unroll > 1 else 0
+    first = corpus.first_self_made(index) if self_made_only or unroll > 1 else 0
     return HeadTrainConfig(steps=steps, lr=lr, warmup=100, eval_every=250, heldout=heldout,
                            start_from=start_from, records=n, unroll=unroll, first_record=first)
 
 
 def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path | None = None,
-                 features_path: Path | None = None, target_name: str = EMBEDDED_TARGET) -> HeadTrainer:
+                 features_path: Path | None = None, target_name: str = EMBEDDED_TARGET,
+                 num_layers: int | None = None) -> HeadTrainer:
     """The run's trainer (``cfg``: ``run_config``'s) over its records' features, extracted first where missing
-    (resumable)."""
+    (resumable); with ``num_layers``, its head has that many decoder layers (its start's first ones, then new ones
+    that begin as the identity), else as many as its start's."""
     features_path = features_path or features.features_dir(target_name)
     features.extract_features(target, corpus_dir, features_path, target_name, max_records=cfg.records,
                               first_record=cfg.first_record)
     data, _ = load_dataset(features_path, cfg, corpus_dir, max_records=cfg.records)
     head_cfg = read_head_config(drafts_dir() / cfg.start_from)
+    if num_layers is not None:
+        head_cfg = replace(head_cfg, num_layers=num_layers)
     return HeadTrainer(target, head_cfg, data, cfg, out_dir)
 
 
@@ -141,8 +154,9 @@ def main(argv=None):
         publish(target, HeadTrainer.from_checkpoint(target, out_dir, "eagle"), args.head)
         return
     unroll = UNROLL if args.head in UNROLLED else 1
-    trainer = make_trainer(target, out_dir, run_config(out_dir, args.steps, start_from=STARTS[args.head],
-                                                       unroll=unroll, lr=args.lr))
+    cfg = run_config(out_dir, args.steps, start_from=STARTS[args.head], unroll=unroll, lr=args.lr,
+                     self_made_only=args.head in SELF_MADE_ONLY)
+    trainer = make_trainer(target, out_dir, cfg, num_layers=LAYERS.get(args.head))
     trainer.run(max_minutes=args.minutes)
     print(trainer.log[-1])
 

@@ -201,7 +201,9 @@ class HeadTrainer:
         else:  # the full vocabulary, or the checkpoint's (from_checkpoint) or the start's (_start_from)
             self.vocab_ids = None
         self.output = OutputLayer(target, vocab, self.vocab_ids)
-        self.head = build_head(head_cfg)
+        with torch.random.fork_rng(devices=[]):  # the initial weights are the seed's, whatever ran before
+            torch.manual_seed(cfg.seed)
+            self.head = build_head(head_cfg)
         if cfg.start_from:
             self._start_from(drafts_dir() / cfg.start_from)
         self.loop = TrainingLoop(self.head, lambda batch: self.loss(batch)[0], self.sample, self.evaluate,
@@ -227,15 +229,22 @@ class HeadTrainer:
 
     def _start_from(self, folder: Path):
         """Begin with the weights and the sub-vocabulary of the shipped head in ``folder`` (same kind and target);
-        a checkpoint in ``out_dir`` replaces them when the run resumes."""
+        a checkpoint in ``out_dir`` replaces them when the run resumes. A run with more decoder layers than its
+        start grows it: the start's layers, then new ones that begin as the identity (``EagleHead``)."""
         head, cfg, vocab_ids = read_head(folder)
         shape = ("kind", "hidden_size", "vocab_size", "sub_vocab_size", "num_attention_heads", "intermediate_size",
                  "rope_theta", "feature_layers", "num_heads")
         differ = [k for k in shape if getattr(cfg, k) != getattr(self.head_cfg, k)]
+        if cfg.num_layers > self.head_cfg.num_layers:
+            differ.append("num_layers")
         if differ:
             raise ValueError(f"{folder} holds a head that differs from this run's in {differ}; start from a head "
-                             "of the same kind and settings (or give this run its settings)")
-        self.head.load_state_dict(head.state_dict())
+                             "of the same kind and settings, or with fewer layers (or give this run its settings)")
+        missing, unexpected = self.head.load_state_dict(head.state_dict(), strict=False)
+        grown = {f"deeper.{i}." for i in range(cfg.num_layers - 1, self.head_cfg.num_layers - 1)}
+        if unexpected or any(not key.startswith(tuple(grown)) for key in missing):
+            raise ValueError(f"{folder}: its weights do not fit this run's head (missing {missing}, unexpected "
+                             f"{unexpected})")
         self.vocab_ids = vocab_ids
         self.output = OutputLayer(self.target, self.head_cfg.vocab_size, vocab_ids)
 
