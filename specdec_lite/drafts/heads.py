@@ -196,7 +196,8 @@ class EagleHead(nn.Module):
 
     def forward(self, features, token_embeddings, positions, cache: HeadCache | None = None, allowed=None):
         x = self.inputs(features, token_embeddings)
-        for layer, layer_cache in zip(self.layers, cache.layers if cache is not None else [None] * len(self.layers)):
+        caches = cache.layers if cache is not None else [None] * len(self.layers)
+        for layer, layer_cache in zip(self.layers, caches):
             x = layer(x, positions, layer_cache, allowed)
         return self.prediction(x)
 

@@ -83,8 +83,8 @@ def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_
     learning rate ``lr`` (by default half the first head's), from ``start_from``, on every record the corpus has
     now but the held-out ones: the EAGLE-3 run's, and for a start that is itself a continued head, ``new_heldout``
     of the records it never saw. With ``unroll`` > 1, training-time test of that many steps. With
-    ``self_made_only`` (always with ``unroll`` > 1), on the replies to the target's own requests only (from the
-    first of them on)."""
+    ``self_made_only`` (``SELF_MADE_ONLY``: every unrolled run, and others), on the replies to the target's own
+    requests only (from the first of them on)."""
     if (out_dir / CONFIG_FILE).exists():
         return read_config(out_dir / CONFIG_FILE, HeadTrainConfig)
     index = corpus.load_index(corpus_dir)
@@ -94,7 +94,7 @@ def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_
     seen = read_config(start, HeadTrainConfig).records if start.exists() else 0  # 0: not a continued head
     if seen:
         heldout += new_heldout(seen, n)
-    first = corpus.first_self_made(index) if self_made_only or unroll > 1 else 0
+    first = corpus.first_self_made(index) if self_made_only else 0
     return HeadTrainConfig(steps=steps, lr=lr, warmup=100, eval_every=250, heldout=heldout,
                            start_from=start_from, records=n, unroll=unroll, first_record=first)
 
