@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 
 from ..core.lm import model_device, static_state, tokenizer_of
-from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_TARGET,
-                           check_model_name, load_model, resolve_name)
+from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_REPLIES,
+                           EMBEDDED_EAGLE_SELF, EMBEDDED_TARGET, check_model_name, load_model, resolve_name)
 from ..core.tokenizers import check_tokenizers
 from ..paths import drafts_dir, is_head_dir
 from .heads import EagleDraft, MedusaDraft, check_head_target, load_head, read_head_config
@@ -107,7 +107,8 @@ def store_draft(target) -> DatastoreTreeDraft:
 def recommended_eagle(eagle_names: list[str]) -> str:
     """The EAGLE head the tree drafts use when none is named: for the embedded target the first shipped of
     ``RECOMMENDED_EAGLES``, for another target the first of ``eagle_names``. On prompts outside the benchmark's,
-    the head continued on the replies to the target's own requests (``EMBEDDED_EAGLE_SELF``) drafts more tokens a
+    the two-layer head grown from ``EMBEDDED_EAGLE_SELF`` (``EMBEDDED_EAGLE_DEEP``) drafts more tokens a round than
+    it; the head continued on the replies to the target's own requests (``EMBEDDED_EAGLE_SELF``) drafts more tokens a
     round than the one it started from (``EMBEDDED_EAGLE_REPLIES``), which drafts more than the first head; the
     EAGLE-3-style head (``EMBEDDED_EAGLE3``) fewer (docs/SPEED.md, "Which head the trees use"), so it is used only
     when named, and so are the heads continued unrolled (``EMBEDDED_EAGLE_TTT``, ``EMBEDDED_EAGLE_TTT2``), which tie
@@ -115,7 +116,8 @@ def recommended_eagle(eagle_names: list[str]) -> str:
     return next((name for name in RECOMMENDED_EAGLES if name in eagle_names), eagle_names[0])
 
 
-RECOMMENDED_EAGLES = (EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE)  # the embedded target's, best first
+RECOMMENDED_EAGLES = (EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_REPLIES,
+                      EMBEDDED_EAGLE)  # the embedded target's, best first
 
 
 def head_tree_drafts(eagle: EagleDraft, target=None, store: DatastoreTreeDraft | None = None) -> dict:
