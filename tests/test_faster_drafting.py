@@ -169,9 +169,9 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     assert isinstance(auto, HybridTreeDraft) and isinstance(auto.head, DynamicTreeDraft)  # lookup + EAGLE-2 tree
     assert isinstance(auto.store, DatastoreTreeDraft) and len(auto.store.store) > 1_000_000  # + the target's replies
     assert auto.head.costs["v"][1] == 1.0 and auto.head.head_cost > 0  # measured on this machine as it loaded
-    continued = read_head(paths.drafts_dir() / EMBEDDED_EAGLE_DEEP)[0].state_dict()
-    used = auto.head.eagle.head.state_dict()  # the two-layer head grown on replies to its own requests: drafts the most
-    assert all(torch.equal(used[k].float(), v.float()) for k, v in continued.items())
+    recommended = read_head(paths.drafts_dir() / EMBEDDED_EAGLE_DEEP)[0].state_dict()  # the two-layer head
+    used = auto.head.eagle.head.state_dict()  # grown on replies to the target's own requests: drafts the most
+    assert all(torch.equal(used[k].float(), v.float()) for k, v in recommended.items())
     assert isinstance(load_draft("eagle-tree", model), EagleTreeDraft)
     other, _ = sd.load_model(str(local_pairs / "tiny-4l"), dtype="float32")
     assert isinstance(load_draft("auto", other), LookupTreeDraft)  # no head for it: lookup trees

@@ -107,9 +107,9 @@ def store_draft(target) -> DatastoreTreeDraft:
 def recommended_eagle(eagle_names: list[str]) -> str:
     """The EAGLE head the tree drafts use when none is named: for the embedded target the first shipped of
     ``RECOMMENDED_EAGLES``, for another target the first of ``eagle_names``. On prompts outside the benchmark's,
-    the two-layer head grown from ``EMBEDDED_EAGLE_SELF`` (``EMBEDDED_EAGLE_DEEP``) drafts more tokens a round than
-    it; the head continued on the replies to the target's own requests (``EMBEDDED_EAGLE_SELF``) drafts more tokens a
-    round than the one it started from (``EMBEDDED_EAGLE_REPLIES``), which drafts more than the first head; the
+    the two-layer head (``EMBEDDED_EAGLE_DEEP``) drafts more tokens a round than the one-layer head it grew from,
+    the head continued on the replies to the target's own requests (``EMBEDDED_EAGLE_SELF``), which drafts more than
+    the one it started from (``EMBEDDED_EAGLE_REPLIES``), which drafts more than the first head; the
     EAGLE-3-style head (``EMBEDDED_EAGLE3``) fewer (docs/SPEED.md, "Which head the trees use"), so it is used only
     when named, and so are the heads continued unrolled (``EMBEDDED_EAGLE_TTT``, ``EMBEDDED_EAGLE_TTT2``), which tie
     with it there."""
