@@ -1,5 +1,7 @@
 """Batch-invariant bfloat16, the recommended drafting by name, transformers' baselines, the cost model and the
 speed-goal table."""
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 import torch
@@ -11,7 +13,7 @@ from specdec_lite.core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, auto_
 from specdec_lite import paths
 from specdec_lite.drafts.heads import read_head
 from specdec_lite.drafts.datastore import DatastoreTreeDraft
-from specdec_lite.drafts.loading import drafts_for_pair, load_draft
+from specdec_lite.drafts.loading import drafts_for_pair, labelled_heads, load_draft, one_head_per_kind
 from specdec_lite.drafts.trees import DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
 from specdec_lite.repro import evaluate, theory
 from specdec_lite.repro.tasks import chat_ids, first_per_task, load_prompts
@@ -181,6 +183,9 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     assert {"lookup tree", "EAGLE adaptive", "EAGLE tree", "hybrid tree", "hybrid tree drawn", "EAGLE dynamic tree",
             "hybrid dynamic tree", "hybrid dynamic tree + store (auto)"} <= set(drafts)
     dynamic = drafts["EAGLE dynamic tree"]  # measured once for both dynamic trees, on this machine
+    assert drafts["EAGLE head"] is dynamic.eagle  # the plain label is the head the trees use
+    assert drafts[evaluate.FIRST_HEAD] is not dynamic.eagle and {"EAGLE-3 head", "Medusa heads"} <= set(drafts)
+    assert {"smollm2-135m-eagle-self", "smollm2-135m-eagle-ttt2"} <= set(skipped)  # one-layer heads beyond the two
     assert drafts["hybrid dynamic tree + store (auto)"].head is dynamic and dynamic.costs["v"][1] == 1.0
     from specdec_lite.repro.bench import named_draft
 
@@ -192,6 +197,18 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
         named_draft("hybrid-tree@no-such-head", model)
     drafts, skipped = drafts_for_pair(other)
     assert "lookup tree" in drafts and "EAGLE adaptive / tree / hybrid" in skipped
+
+
+def test_heads_sharing_a_kind_keep_apart_by_name_and_auto_keeps_one_of_each():
+    first, recommended, fused = (SimpleNamespace(feature_layers=f) for f in ((-1,), (-1,), (3, 15, -1)))
+    loaded = {"older": first, "newer": recommended, "fused": fused}
+    assert labelled_heads(loaded, "newer") == {"EAGLE head (older)": first, "EAGLE head": recommended,
+                                               "EAGLE-3 head": fused}
+    assert labelled_heads({"fused": fused}, None) == {"EAGLE-3 head": fused}
+    kept, left_out = one_head_per_kind(loaded, "newer")
+    assert kept == {"newer": recommended, "fused": fused} and left_out == ["older"]
+    kept, left_out = one_head_per_kind({EMBEDDED_EAGLE: first, **loaded}, "newer")  # the progression's start stays
+    assert list(kept) == [EMBEDDED_EAGLE, "newer", "fused"] and left_out == ["older"]
 
 
 def test_transformers_generate_greedy_matches_ours_on_a_tiny_llama():

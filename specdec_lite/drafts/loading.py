@@ -1,6 +1,7 @@
 """Drafts by name (every kind), and a (target, draft, tokenizer) pair in one call."""
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -189,14 +190,36 @@ def head_label(draft) -> str:
     return "EAGLE-3 head" if len(draft.feature_layers) > 1 else "EAGLE head"
 
 
+def labelled_heads(loaded: dict, recommended: str | None) -> dict:
+    """{label: head} of the heads ``loaded`` by name: each by its kind (``head_label``), or, where several share a
+    kind, by kind and name ("EAGLE head (smollm2-135m-eagle)"), the ``recommended`` EAGLE head keeping the plain
+    label, so no head is dropped and "EAGLE head" is the one the trees use."""
+    kinds = Counter(head_label(head) for head in loaded.values())
+    return {head_label(head) if kinds[head_label(head)] == 1 or name == recommended else
+            f"{head_label(head)} ({name})": head for name, head in loaded.items()}
+
+
+def one_head_per_kind(loaded: dict, recommended: str | None) -> tuple[dict, list]:
+    """(kept, left out) of the heads ``loaded`` by name: the ``recommended`` EAGLE head, the first of each other
+    kind, and the embedded target's first head (``EMBEDDED_EAGLE``, where drafting's progression starts)."""
+    kept, seen = {}, set()
+    for name in sorted(loaded, key=lambda n: n != recommended):
+        kind = head_label(loaded[name])
+        if kind not in seen or name == EMBEDDED_EAGLE:
+            kept[name] = loaded[name]
+            seen.add(kind)
+    return {n: h for n, h in loaded.items() if n in kept}, [n for n in loaded if n not in kept]
+
+
 def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int = 0) -> tuple[dict, dict]:
     """Every draft kind that applies to ``target``, by label, and the kinds skipped, with the reason.
 
     The draft model (if given; labelled "trained draft"), the heads, n-gram prompt lookup (chain and tree), the
     recommended EAGLE head's adaptive chain, trees and hybrids (``TREE_LABELS``; "(auto)" marks ``AUTO_DRAFT``;
-    when there is an EAGLE head) and layer skip. ``heads``: "auto" (the heads
-    trained for this target, ``heads_for``; none is not an error), or names/folders (a comma-separated string
-    or a list), each refused with the loader's message when it was trained for another target.
+    when there is an EAGLE head) and layer skip. ``heads``: "auto" (of the heads trained for this target,
+    ``heads_for``, one of each kind (``one_head_per_kind``), the others listed as skipped; none is not an error),
+    or names/folders (a comma-separated string or a list), each refused with the loader's message when it was
+    trained for another target. Heads are labelled by ``labelled_heads``.
     """
     drafts, skipped = {}, {}
     if draft_model is not None:
@@ -208,11 +231,16 @@ def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int
     else:
         names = [h.strip() for h in heads.split(",")] if isinstance(heads, str) else list(heads)
     loaded = {name: load_draft(name, target) for name in filter(None, names)}
-    drafts.update({head_label(head): head for head in loaded.values()})
+    eagles = [name for name, head in loaded.items() if isinstance(head, EagleDraft)]
+    recommended = recommended_eagle(eagles) if eagles else None
+    if heads == "auto":
+        loaded, skipped_heads = one_head_per_kind(loaded, recommended)
+        skipped.update({name: "another head of a kind measured here: name it in `heads` to measure it"
+                        for name in skipped_heads})
+    drafts.update(labelled_heads(loaded, recommended))
     drafts["n-gram"] = NGramDraft()
     drafts["lookup tree"] = LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"])
-    eagles = {name: head for name, head in loaded.items() if isinstance(head, EagleDraft)}
-    eagle = eagles[recommended_eagle(list(eagles))] if eagles else None
+    eagle = loaded[recommended] if recommended else None
     if eagle is not None:  # adaptive length, trees and the hybrids on the same head
         auto, store = auto_drafting(target)
         built = head_tree_drafts(eagle, target, store)

@@ -22,7 +22,7 @@ import torch
 
 from ..core.batch_invariance import is_batch_invariant
 from ..core.decode import Clock, Generation, GenerationStats, autoregressive_generate, speculative_generate
-from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
+from ..core.models import DTYPE_HELP, EMBEDDED_EAGLE, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
 from ..core.timing import v_at
 from ..drafts.loading import load_draft
@@ -334,7 +334,9 @@ def speed_goals(summary: pd.DataFrame, method: str) -> pd.DataFrame:
 
 # The steps of drafting's progression shown in 03: (step, before, after, temperature), methods by their labels in
 # ``drafts_for_pair`` (the recommended one's " (auto)" mark ignored).
-PROGRESSION = (("the head: first EAGLE head -> EAGLE-3-style head (chains)", "EAGLE head", "EAGLE-3 head", 0.0),
+FIRST_HEAD = f"EAGLE head ({EMBEDDED_EAGLE})"  # the embedded target's first head, as ``drafts_for_pair`` labels it
+PROGRESSION = (("the head: first EAGLE head -> EAGLE-3-style head (chains)", FIRST_HEAD, "EAGLE-3 head", 0.0),
+               ("the head: first EAGLE head -> the recommended one (chains)", FIRST_HEAD, "EAGLE head", 0.0),
                ("tree shape: fixed -> dynamic (head only)", "EAGLE tree", "EAGLE dynamic tree", 0.0),
                ("tree shape: fixed -> dynamic (with lookup branches)", "hybrid tree", "hybrid dynamic tree", 0.0),
                ("lookup branches: the context -> also the target's earlier replies (a store)", "hybrid dynamic tree",
