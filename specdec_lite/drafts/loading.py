@@ -194,19 +194,20 @@ def labelled_heads(loaded: dict, recommended: str | None) -> dict:
     """{label: head} of the heads ``loaded`` by name: each by its kind (``head_label``), or, where several share a
     kind, by kind and name ("EAGLE head (smollm2-135m-eagle)"), the ``recommended`` EAGLE head keeping the plain
     label, so no head is dropped and "EAGLE head" is the one the trees use."""
-    kinds = Counter(head_label(head) for head in loaded.values())
-    return {head_label(head) if kinds[head_label(head)] == 1 or name == recommended else
-            f"{head_label(head)} ({name})": head for name, head in loaded.items()}
+    kinds = {name: head_label(head) for name, head in loaded.items()}
+    sharing = Counter(kinds.values())
+    return {kind if sharing[kind] == 1 or name == recommended else f"{kind} ({name})": loaded[name]
+            for name, kind in kinds.items()}
 
 
 def one_head_per_kind(loaded: dict, recommended: str | None) -> tuple[dict, list]:
     """(kept, left out) of the heads ``loaded`` by name: the ``recommended`` EAGLE head, the first of each other
     kind, and the embedded target's first head (``EMBEDDED_EAGLE``, where drafting's progression starts)."""
-    kept, seen = {}, set()
-    for name in sorted(loaded, key=lambda n: n != recommended):
+    kept, seen = set(), set()
+    for name in sorted(loaded, key=lambda n: n != recommended):  # the recommended head first
         kind = head_label(loaded[name])
         if kind not in seen or name == EMBEDDED_EAGLE:
-            kept[name] = loaded[name]
+            kept.add(name)
             seen.add(kind)
     return {n: h for n, h in loaded.items() if n in kept}, [n for n in loaded if n not in kept]
 
