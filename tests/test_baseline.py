@@ -113,3 +113,35 @@ def test_the_bench_table_gives_medians_speeds_and_greedy_identity_per_configurat
     assert math.isnan(table.loc[("float32", "ours autoregressive"), "tau"])
     assert table.loc[("float32", "ours autoregressive"), "speed vs baseline"] == pytest.approx(0.5)
     assert set(table.baseline) == {"ours autoregressive, bfloat16"}
+
+
+def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_pairs):
+    """On a CPU without native bfloat16, plain decoding in emulated half precision can still beat float32 (it
+    reads half the bytes a step), so a float32 run times both halves too, on every CPU kind; a half-precision run
+    times float32 and the other half."""
+    import specdec_lite as sd
+
+    target, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="float32")
+    others = baseline.plain_candidates(target)
+    assert set(others) == {"bfloat16", "float16"}
+    assert {m.dtype for m in others.values()} == {torch.bfloat16, torch.float16}
+    half, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="bfloat16")
+    assert set(baseline.plain_candidates(half)) == {"float32", "float16"}
+
+
+def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_plainly(local_pairs):
+    from specdec_lite.core.models import native_dtypes, plain_dtypes
+    from specdec_lite.repro import bench
+
+    cpu = torch.device("cpu")
+    runs = bench.run(str(local_pairs / "tiny-2l"), "cpu", prompts_per_task=1, max_new_tokens=4, temperatures=(0.0,),
+                     drafts=("n-gram",), progress=False, batch_invariant=False)
+    configs = {str(d).removeprefix("torch.") for d in plain_dtypes(cpu)}
+    drafted = {str(d).removeprefix("torch.") for d in native_dtypes(cpu)}
+    assert set(runs.configuration) == configs
+    assert set(runs[runs.kind == "speculative"].configuration) == drafted
+    for config in configs - drafted:
+        assert set(runs[runs.configuration == config].method) == {f"ours autoregressive, {config}",
+                                                                  f"transformers generate, {config}"}
+    assert runs.baseline.nunique() == 1 and runs.baseline.iloc[0] in set(runs[runs.plain].method)
+    assert (runs.new_tokens == 4).all()

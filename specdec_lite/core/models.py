@@ -108,7 +108,11 @@ def auto_dtype(device: torch.device, native_bfloat16: bool | None = None) -> tor
       (not batch-invariant). Measured on the embedded target: a decode step 21 ms against 37 ms in float32 on a
       2-core AMD EPYC, 36.8 against 34.3 ms on a 2-core Xeon with AMX; there, speculative decoding is still fastest
       in bfloat16, where a 5-token verification forward costs about 1.1 steps against 1.4-1.7 in float32.
-    - other CPUs: float32 (bfloat16 is emulated there and slower).
+    - other CPUs: float32. Half precision is emulated there: plain decoding can still be faster in it (on a 2-core
+      AMD EPYC with AVX2 only, bfloat16 about 45 ms a token against 80 in float32: a decode step reads every
+      weight once, and half precision reads half the bytes), but a forward over several tokens costs far more
+      (8 tokens: 4.6 decode steps in bfloat16 against 2.0 in float32 there), and speculative decoding pays one
+      every round. The baseline still times those half precisions (``plain_dtypes``).
     """
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -120,10 +124,19 @@ def auto_dtype(device: torch.device, native_bfloat16: bool | None = None) -> tor
 
 
 def native_dtypes(device: torch.device) -> list[torch.dtype]:
-    """The dtypes ``device`` computes natively: float32, plus its half precision where it has one. The fastest
-    plain decoding (the baseline of every speedup) is looked for among these."""
+    """The dtypes ``device`` computes natively: float32, plus its half precision where it has one. The benchmark
+    (``repro.bench``) runs the drafts in these."""
     half = auto_dtype(device)
     return [torch.float32] if half == torch.float32 else [torch.float32, half]
+
+
+def plain_dtypes(device: torch.device) -> list[torch.dtype]:
+    """The dtypes whose plain decoding is a candidate for the baseline of every speedup (the fastest plain decoding
+    on this machine): float32 and each half precision ``device`` runs, native or emulated, for a plain decode step
+    can be faster in emulated half precision than in float32 (``auto_dtype``)."""
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return [torch.float32, torch.float16]
+    return [torch.float32, torch.bfloat16, torch.float16]
 
 
 def dtype_name(dtype: torch.dtype) -> str:

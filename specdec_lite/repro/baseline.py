@@ -2,8 +2,9 @@
 same machine, measured in the same run.
 
 The candidates are plain autoregressive decoding by ours (``autoregressive_generate``) and by transformers'
-``generate``, each in every dtype the device computes natively (``core.models.native_dtypes``: float32, plus
-bfloat16 or float16 where native), on the model as it loads (not made batch-invariant, default attention). Every
+``generate``, each in float32 and in each half precision the device runs, native or emulated
+(``core.models.plain_dtypes``: on a CPU without native bfloat16, plain decoding can be faster in emulated half
+precision than in float32), on the model as it loads (not made batch-invariant, default attention). Every
 candidate is timed on the same prompts as the methods it is compared with, warmed up first, with the same number
 of new tokens (EOS is ignored while timing). The baseline is the candidate with the lowest median time per token
 over the prompts; a method's speedup on a prompt is the baseline's time per token on that prompt over the
@@ -15,7 +16,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ..core.batch_invariance import is_batch_invariant
-from ..core.models import dtype_name, load_model, native_dtypes
+import torch
+
+from ..core.models import dtype_name, load_model, plain_dtypes
 
 SAME_CONFIG = "autoregressive"  # the method row of plain decoding by ours on the run's own target
 OWN_PLAIN = (SAME_CONFIG, "transformers generate")  # plain decoding rows of the run's own target (unlabelled)
@@ -23,16 +26,16 @@ OWN_PLAIN = (SAME_CONFIG, "transformers generate")  # plain decoding rows of the
 
 def plain_candidates(target) -> dict:
     """{dtype name: model} of the other plain configurations to time beside ``target``: the same weights loaded
-    as they are in each native dtype of its device, except the one ``target`` itself is (when it is plain, its own
+    as they are in each dtype of ``plain_dtypes``, except the one ``target`` itself is (when it is plain, its own
     rows are candidates). A dtype whose copy does not fit in memory is left out."""
     device = target.get_input_embeddings().weight.device
     out = {}
-    for dtype in native_dtypes(device):
+    for dtype in plain_dtypes(device):
         if dtype == target.dtype and not is_batch_invariant(target):
             continue
         try:
             out[dtype_name(dtype)], _ = load_model(target.config._name_or_path, device, dtype)
-        except MemoryError:
+        except (MemoryError, torch.OutOfMemoryError):
             continue
     return out
 

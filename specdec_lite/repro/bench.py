@@ -5,11 +5,13 @@
                                        [--skip-per-task 5]  (prompts outside 03's benchmark)
                                        [--no-batch-invariant]  (only the models as they load)
 
-Configurations: the target loaded as it is in each dtype the device computes natively (float32, plus bfloat16 or
-float16 where native), and in half precision also made batch-invariant (``load_model(batch_invariant=True)``,
-where this CPU allows it). Methods in each: ours autoregressive, ours with each draft of ``--drafts``
-(``load_draft``'s names, ``"auto"`` by default), and, on the
-models as they load, transformers' ``generate`` and prompt lookup. The project's evaluation prompts, every run
+Configurations: the target loaded as it is in float32 and in each half precision the device runs
+(``plain_dtypes``), and in native half precision also made batch-invariant (``load_model(batch_invariant=True)``,
+where this CPU allows it). Methods in each: ours autoregressive, and transformers' ``generate`` on the models as
+they load; in the dtypes the device computes natively (``native_dtypes``) also ours with each draft of
+``--drafts`` (``load_draft``'s names, ``"auto"`` by default) and, on the models as they load, transformers' prompt
+lookup. Emulated half precision (a CPU without AVX512-BF16 or AMX) is timed plainly only: it is a candidate for
+the baseline, as plain decoding there can beat float32, but not a configuration to draft in. The project's evaluation prompts, every run
 exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first, interleaved per prompt
 (``evaluate.run_prompts``). The table gives, per temperature, the median ms per token, the median per-prompt
 speed over the fastest plain decoding of the run (``baseline``), and for greedy runs how many outputs are token
@@ -24,7 +26,8 @@ import time
 import pandas as pd
 import torch
 
-from ..core.models import EMBEDDED_TARGET, cpu_flags, cpuinfo, dtype_name, load_model, native_dtypes, resolve_device
+from ..core.models import (EMBEDDED_TARGET, cpu_flags, cpuinfo, dtype_name, load_model, native_dtypes,
+                           plain_dtypes, resolve_device)
 from ..core.sampling import SamplingParams
 from ..drafts.loading import TREE_DRAFTS, load_draft, tree_draft
 from . import baseline
@@ -33,14 +36,14 @@ from .tasks import TASKS, load_prompts
 
 
 def configurations(name: str, device, batch_invariant: bool = True) -> dict:
-    """{label: model}: the target as it loads in each native dtype, and (``batch_invariant``) each half precision
-    made batch-invariant (left out, with a line saying why, where this CPU's kernels do not allow it). The baseline,
-    the fastest plain decoding, is among the models as they load, so leaving the batch-invariant ones out only
-    leaves out rows."""
+    """{label: model}: the target as it loads in each dtype of ``plain_dtypes``, and (``batch_invariant``) each
+    native half precision made batch-invariant (left out, with a line saying why, where this CPU's kernels do not
+    allow it). The baseline, the fastest plain decoding, is among the models as they load, so leaving the
+    batch-invariant ones out only leaves out rows."""
     out = {}
-    for dtype in native_dtypes(device):
+    for dtype in plain_dtypes(device):
         out[dtype_name(dtype)], _ = load_model(name, device, dtype)
-        if dtype != torch.float32 and batch_invariant:
+        if dtype in native_dtypes(device) and dtype != torch.float32 and batch_invariant:
             try:
                 model, _ = load_model(name, device, dtype, batch_invariant=True)
                 out[baseline.configuration(model)] = model
@@ -68,9 +71,10 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     frames = []
     for t in temperatures:
         for label, model in configs.items():
-            hf = {} if "batch-invariant" in label else {
+            drafted = model.dtype in native_dtypes(device)
+            hf = {} if "batch-invariant" in label or not drafted else {
                 "transformers prompt lookup": transformers_methods()["transformers prompt lookup"]}
-            speculative = {d: named_draft(d, model, head) for d in drafts}
+            speculative = {d: named_draft(d, model, head) for d in drafts} if drafted else {}
             runs = time_prompts(model, tokenizer, speculative, prompts, gamma=gamma,
                                 max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=t), seed=seed,
                                 progress=progress, transformers={"transformers generate": {}, **hf})
