@@ -130,14 +130,14 @@ def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_
 
 
 def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_plainly(local_pairs):
-    from specdec_lite.core.models import native_dtypes, plain_dtypes
+    from specdec_lite.core.models import dtype_name, native_dtypes, plain_dtypes
     from specdec_lite.repro import bench
 
     cpu = torch.device("cpu")
     runs = bench.run(str(local_pairs / "tiny-2l"), "cpu", prompts_per_task=1, max_new_tokens=4, temperatures=(0.0,),
                      drafts=("n-gram",), progress=False, batch_invariant=False)
-    configs = {str(d).removeprefix("torch.") for d in plain_dtypes(cpu)}
-    drafted = {str(d).removeprefix("torch.") for d in native_dtypes(cpu)}
+    configs = {dtype_name(d) for d in plain_dtypes(cpu)}
+    drafted = {dtype_name(d) for d in native_dtypes(cpu)}
     assert set(runs.configuration) == configs
     assert set(runs[runs.kind == "speculative"].configuration) == drafted
     for config in configs - drafted:

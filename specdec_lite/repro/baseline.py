@@ -14,10 +14,9 @@ method's. The speedup over the run's own configuration (ours, plain, same model 
 from __future__ import annotations
 
 import pandas as pd
-
-from ..core.batch_invariance import is_batch_invariant
 import torch
 
+from ..core.batch_invariance import is_batch_invariant
 from ..core.models import dtype_name, load_model, plain_dtypes
 
 SAME_CONFIG = "autoregressive"  # the method row of plain decoding by ours on the run's own target

@@ -11,11 +11,12 @@ where this CPU allows it). Methods in each: ours autoregressive, and transformer
 they load; in the dtypes the device computes natively (``native_dtypes``) also ours with each draft of
 ``--drafts`` (``load_draft``'s names, ``"auto"`` by default) and, on the models as they load, transformers' prompt
 lookup. Emulated half precision (a CPU without AVX512-BF16 or AMX) is timed plainly only: it is a candidate for
-the baseline, as plain decoding there can beat float32, but not a configuration to draft in. The project's evaluation prompts, every run
-exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first, interleaved per prompt
-(``evaluate.run_prompts``). The table gives, per temperature, the median ms per token, the median per-prompt
-speed over the fastest plain decoding of the run (``baseline``), and for greedy runs how many outputs are token
-for token those of plain decoding of the same configuration. The machine is noisy: compare ratios from one run.
+the baseline, as plain decoding there can beat float32, but not a configuration to draft in. The project's
+evaluation prompts, every run exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first,
+interleaved per prompt (``evaluate.run_prompts``). The table gives, per temperature, the median ms per token,
+the median per-prompt speed over the fastest plain decoding of the run (``baseline``), and for greedy runs how
+many outputs are token for token those of plain decoding of the same configuration. The machine is noisy:
+compare ratios from one run.
 """
 from __future__ import annotations
 
@@ -40,10 +41,10 @@ def configurations(name: str, device, batch_invariant: bool = True) -> dict:
     native half precision made batch-invariant (left out, with a line saying why, where this CPU's kernels do not
     allow it). The baseline, the fastest plain decoding, is among the models as they load, so leaving the
     batch-invariant ones out only leaves out rows."""
-    out = {}
+    out, native = {}, native_dtypes(device)
     for dtype in plain_dtypes(device):
         out[dtype_name(dtype)], _ = load_model(name, device, dtype)
-        if dtype in native_dtypes(device) and dtype != torch.float32 and batch_invariant:
+        if dtype in native and dtype != torch.float32 and batch_invariant:
             try:
                 model, _ = load_model(name, device, dtype, batch_invariant=True)
                 out[baseline.configuration(model)] = model
@@ -68,10 +69,10 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     configs = configurations(name, device, batch_invariant)
     tokenizer = load_model(name, device, "float32")[1]
     prompts = load_prompts(tasks=TASKS, per_task=prompts_per_task, skip_per_task=skip_per_task)
-    frames = []
+    frames, native = [], native_dtypes(device)
     for t in temperatures:
         for label, model in configs.items():
-            drafted = model.dtype in native_dtypes(device)
+            drafted = model.dtype in native
             hf = {} if "batch-invariant" in label or not drafted else {
                 "transformers prompt lookup": transformers_methods()["transformers prompt lookup"]}
             speculative = {d: named_draft(d, model, head) for d in drafts} if drafted else {}
