@@ -17,7 +17,8 @@ import torch
 from ..paths import HEAD_CONFIG, cache_dir, drafts_dir, is_head_dir
 from .batch_invariance import make_batch_invariant
 from .lm import check_static_placement, register_tokenizer, use_static_cache
-from .memory import check_fits, placement_devices
+from .memory import check_fits, free_bytes, placement_devices
+from .packed_linear import can_pack, pack_linears, packed_bytes
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_DRAFT = "smollm2-135m-draft"  # trained by this project (notebooks/00_train_draft.ipynb), in data/drafts
@@ -269,7 +270,7 @@ def looks_like_hub_id(name: str) -> bool:
 
 def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto",
                *, device_map=None, cache: str = "dynamic", max_cache_len: int = 2048, compile: bool = False,
-               batch_invariant: bool = False):
+               batch_invariant: bool = False, packed_linears: bool | None = None):
     """(model, tokenizer) for a package name (``"smollm2-135m-instruct"``), a Hugging Face id or a local path.
 
     dtype: ``"auto"`` (the default, also None) is the device's rule in ``auto_dtype`` (bfloat16 on CPUs with
@@ -281,9 +282,12 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
     from plain decoding after some tokens, docs/SPEED.md). ``device_map`` ("auto" or a dict, through
     accelerate) spreads a model too large for one device over several (``device`` is then ignored).
     ``cache="static"`` preallocates ``max_cache_len`` tokens (``lm.use_static_cache``), ``compile=True`` compiles
-    its decode forwards (CUDA graphs on a GPU). The weights and cache are checked against free memory before
-    loading. The model is in eval mode and its tokenizer is registered, so ``speculative_generate`` can refuse a
-    draft whose tokenizer differs.
+    its decode forwards (CUDA graphs on a GPU). ``packed_linears`` (None: on for float32 on a CPU, where the
+    copies take under half the free memory) runs the linear layers on weights packed for oneDNN
+    (``packed_linear.pack_linears``: the same product, up to half the time of a forward over a few tokens on some
+    CPUs); False keeps them as transformers loads them. The weights and cache are checked against free memory
+    before loading. The model is in eval mode and its tokenizer is registered, so ``speculative_generate`` can
+    refuse a draft whose tokenizer differs.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -296,6 +300,8 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
     device = resolve_device(device)
     devices = placement_devices(device, device_map)
     dtype = resolve_dtype(dtype, devices[0])
+    if packed_linears:
+        check_packable(device, dtype, device_map, batch_invariant)
     path = resolve_name(name_or_path)
     if is_head_dir(path):
         raise ValueError(f"{name_or_path} is a feature-level head, not a model: it runs on a target's hidden "
@@ -312,7 +318,22 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
                                                      offload_folder=str(offload)).eval()
     if batch_invariant:
         make_batch_invariant(model)
+    if packed_linears is None:
+        packed_linears = (device_map is None and not batch_invariant and can_pack(device, dtype)
+                          and packed_bytes(model) < free_bytes(device) / 2)
+    if packed_linears:
+        pack_linears(model)
     if cache == "static":
         use_static_cache(model, max_length=max_cache_len, compile=compile)
     register_tokenizer(model, tokenizer)
     return model, tokenizer
+
+
+def check_packable(device: torch.device, dtype: torch.dtype, device_map, batch_invariant: bool) -> None:
+    """Refuse ``packed_linears=True`` where it cannot run, saying what to load instead."""
+    if not can_pack(device, dtype):
+        raise ValueError(f"packed_linears=True runs float32 linear layers on a CPU with oneDNN, not "
+                         f"{dtype_name(dtype)} on {device}; load with packed_linears=None (the default) or False")
+    if device_map is not None or batch_invariant:
+        raise ValueError("packed_linears=True goes with neither device_map nor batch_invariant=True (those place or "
+                         "replace the linear layers themselves); load with packed_linears=None or False")

@@ -4,7 +4,9 @@ same machine, measured in the same run.
 The candidates are plain autoregressive decoding by ours (``autoregressive_generate``) and by transformers'
 ``generate``, each in float32 and in each half precision the device runs, native or emulated
 (``core.models.plain_dtypes``: on a CPU without native bfloat16, plain decoding can be faster in emulated half
-precision than in float32), on the model as it loads (not made batch-invariant, default attention). Every
+precision than in float32), on the model as it loads (not made batch-invariant, default attention), and in float32
+also as transformers loads it where ours packs its linear layers for oneDNN (``core.packed_linear``: so the
+rule's "transformers' generate in float32" is always among the candidates). Every
 candidate is timed on the same prompts as the methods it is compared with, warmed up first, with the same number
 of new tokens (EOS is ignored while timing). The baseline is the candidate with the lowest median time per token
 over the prompts; a method's speedup on a prompt is the baseline's time per token on that prompt over the
@@ -18,22 +20,33 @@ import torch
 
 from ..core.batch_invariance import is_batch_invariant
 from ..core.models import dtype_name, load_model, plain_dtypes
+from ..core.packed_linear import can_pack, kept_unpacked
 
 SAME_CONFIG = "autoregressive"  # the method row of plain decoding by ours on the run's own target
 OWN_PLAIN = (SAME_CONFIG, "transformers generate")  # plain decoding rows of the run's own target (unlabelled)
+UNPACKED = " unpacked"  # the name's mark of float32 with the linear layers transformers loads (no oneDNN packing)
+
+
+def plain_configurations(device: torch.device) -> list[tuple[torch.dtype, bool | None]]:
+    """(dtype, packed_linears) of every plain configuration that is a baseline candidate on ``device``: each dtype
+    of ``plain_dtypes`` as it loads, and float32 as transformers loads it where ours packs its linear layers."""
+    configs = [(dtype, None) for dtype in plain_dtypes(device)]
+    return (configs + [(torch.float32, False)]) if can_pack(device, torch.float32) else configs
 
 
 def plain_candidates(target) -> dict:
-    """{dtype name: model} of the other plain configurations to time beside ``target``: the same weights loaded
-    as they are in each dtype of ``plain_dtypes``, except the one ``target`` itself is (when it is plain, its own
-    rows are candidates). A dtype whose copy does not fit in memory is left out."""
+    """{configuration: model} of the other plain configurations to time beside ``target``
+    (``plain_configurations``: the same weights, each loaded anew), except the one ``target`` itself is (when it
+    is plain, its own rows are candidates). A configuration whose copy does not fit in memory is left out."""
     device = target.get_input_embeddings().weight.device
+    own = configuration(target)
     out = {}
-    for dtype in plain_dtypes(device):
-        if dtype == target.dtype and not is_batch_invariant(target):
+    for dtype, packed in plain_configurations(device):
+        name = dtype_name(dtype) + ("" if packed is None else UNPACKED)
+        if name == own:
             continue
         try:
-            out[dtype_name(dtype)], _ = load_model(target.config._name_or_path, device, dtype)
+            out[name], _ = load_model(target.config._name_or_path, device, dtype, packed_linears=packed)
         except (MemoryError, torch.OutOfMemoryError):
             continue
     return out
@@ -48,8 +61,11 @@ def fastest(runs: pd.DataFrame) -> str:
 
 
 def configuration(model) -> str:
-    """How a model runs, as the baseline's name says it: its dtype, and whether it was made batch-invariant."""
-    return dtype_name(model.dtype) + (" batch-invariant" if is_batch_invariant(model) else "")
+    """How a model runs, as the baseline's name says it: its dtype, and whether it was made batch-invariant or
+    keeps the linear layers transformers loads where ours packs them (``UNPACKED``)."""
+    if is_batch_invariant(model):
+        return dtype_name(model.dtype) + " batch-invariant"
+    return dtype_name(model.dtype) + (UNPACKED if kept_unpacked(model) else "")
 
 
 def over_fastest(runs: pd.DataFrame, own: str = "") -> pd.DataFrame:

@@ -11,7 +11,8 @@ where this CPU allows it). Methods in each: ours autoregressive, and transformer
 they load; in the dtypes the device computes natively (``native_dtypes``) also ours with each draft of
 ``--drafts`` (``load_draft``'s names, ``"auto"`` by default) and, on the models as they load, transformers' prompt
 lookup. Emulated half precision (a CPU without AVX512-BF16 or AMX) is timed plainly only: it is a candidate for
-the baseline, as plain decoding there can beat float32, but not a configuration to draft in. The project's
+the baseline, as plain decoding there can beat float32, but not a configuration to draft in; so is float32 as
+transformers loads it, beside ours with packed linear layers (``core.packed_linear``). The project's
 evaluation prompts, every run exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first,
 interleaved per prompt (``evaluate.run_prompts``). The table gives, per temperature, the median ms per token,
 the median per-prompt speed over the fastest plain decoding of the run (``baseline``), and for greedy runs how
@@ -28,7 +29,8 @@ import pandas as pd
 import torch
 
 from ..core.models import (EMBEDDED_TARGET, cpu_flags, cpuinfo, dtype_name, load_model, native_dtypes,
-                           plain_dtypes, resolve_device)
+                           resolve_device)
+from ..core.packed_linear import kept_unpacked
 from ..core.sampling import SamplingParams
 from ..drafts.loading import TREE_DRAFTS, load_draft, tree_draft
 from . import baseline
@@ -37,13 +39,15 @@ from .tasks import TASKS, load_prompts
 
 
 def configurations(name: str, device, batch_invariant: bool = True) -> dict:
-    """{label: model}: the target as it loads in each dtype of ``plain_dtypes``, and (``batch_invariant``) each
-    native half precision made batch-invariant (left out, with a line saying why, where this CPU's kernels do not
-    allow it). The baseline, the fastest plain decoding, is among the models as they load, so leaving the
-    batch-invariant ones out only leaves out rows."""
+    """{label: model}: the target in each plain configuration of ``baseline.plain_configurations`` (each dtype of
+    ``plain_dtypes`` as it loads, and float32 as transformers loads it where ours packs its linear layers), and
+    (``batch_invariant``) each native half precision made batch-invariant (left out, with a line saying why,
+    where this CPU's kernels do not allow it). The baseline, the fastest plain decoding, is among the plain
+    configurations, so leaving the batch-invariant ones out only leaves out rows."""
     out, native = {}, native_dtypes(device)
-    for dtype in plain_dtypes(device):
-        out[dtype_name(dtype)], _ = load_model(name, device, dtype)
+    for dtype, packed in baseline.plain_configurations(device):
+        model, _ = load_model(name, device, dtype, packed_linears=packed)
+        out[baseline.configuration(model)] = model
         if dtype in native and dtype != torch.float32 and batch_invariant:
             try:
                 model, _ = load_model(name, device, dtype, batch_invariant=True)
@@ -51,6 +55,13 @@ def configurations(name: str, device, batch_invariant: bool = True) -> dict:
             except RuntimeError as err:
                 print(f"{dtype_name(dtype)} batch-invariant left out: {err}")
     return out
+
+
+def drafted_in(model, native: list) -> bool:
+    """Whether the bench drafts in this configuration: a dtype the device computes natively (``native``), loaded
+    the way ours runs it (float32 with transformers' own linear layers, like emulated half precision, is timed
+    plainly: a candidate for the baseline only)."""
+    return model.dtype in native and not kept_unpacked(model)
 
 
 def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),
@@ -72,7 +83,7 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     frames, native = [], native_dtypes(device)
     for t in temperatures:
         for label, model in configs.items():
-            drafted = model.dtype in native
+            drafted = drafted_in(model, native)
             hf = {} if "batch-invariant" in label or not drafted else {
                 "transformers prompt lookup": transformers_methods()["transformers prompt lookup"]}
             speculative = {d: named_draft(d, model, head) for d in drafts} if drafted else {}

@@ -1,0 +1,83 @@
+"""Float32 linear layers on oneDNN-packed weights (core/packed_linear.py): the same product as nn.Linear, what
+loads packed by default, the refusals, and the baseline's unpacked candidate."""
+import pytest
+import torch
+from torch import nn
+
+from specdec_lite.core.packed_linear import PackedLinear, can_pack, has_packed_linears, pack_linears
+from specdec_lite.repro import baseline
+
+pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32),
+                                reason="torch has no oneDNN (torch.backends.mkldnn) here")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_packed_linear_computes_the_linear_product_at_every_width(bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=bias)
+    packed = PackedLinear(linear)
+    with torch.inference_mode():
+        for shape in [(1, 96), (7, 96), (1, 33, 96), (2, 5, 96)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_flow_as_through_nn_linear_and_an_in_place_change_is_packed_again():
+    """oneDNN's packed product has no backward: with gradients on, the layer computes F.linear on its own weight.
+    A weight changed in place after packing is repacked before its next use, so no stale copy is ever used."""
+    torch.manual_seed(1)
+    linear = nn.Linear(16, 8)
+    packed = PackedLinear(nn.Linear(16, 8))
+    packed.load_state_dict(linear.state_dict())  # in place: the packed copy is now stale until the next forward
+    x = torch.randn(3, 16, requires_grad=True)
+    packed(x).square().sum().backward()
+    grad_packed, weight_grad = x.grad.clone(), packed.weight.grad.clone()
+    x.grad = None
+    linear(x).square().sum().backward()
+    torch.testing.assert_close(grad_packed, x.grad)
+    torch.testing.assert_close(weight_grad, linear.weight.grad)
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+        packed.weight.mul_(2)
+        torch.testing.assert_close(packed(x), 2 * (x @ linear.weight.T) + linear.bias, rtol=1e-5, atol=1e-5)
+
+
+def test_pack_linears_replaces_every_linear_and_refuses_half_precision_before_changing_anything():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
+    assert pack_linears(model) == 2 and has_packed_linears(model)
+    assert [type(m).__name__ for m in model.modules()].count("PackedLinear") == 2
+    half = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4).bfloat16())
+    with pytest.raises(ValueError, match="packed_linears=False"):
+        pack_linears(half)
+    assert type(half[0]) is nn.Linear and not has_packed_linears(half)
+
+
+def test_float32_loads_packed_on_the_cpu_by_default_and_the_refusals_say_what_to_do(local_pairs):
+    import specdec_lite as sd
+
+    path = str(local_pairs / "tiny-2l")
+    packed, _ = sd.load_model(path, device="cpu", dtype="float32")
+    plain, _ = sd.load_model(path, device="cpu", dtype="float32", packed_linears=False)
+    half, _ = sd.load_model(path, device="cpu", dtype="bfloat16")
+    assert has_packed_linears(packed) and not has_packed_linears(plain) and not has_packed_linears(half)
+    assert [baseline.configuration(m) for m in (packed, plain, half)] == ["float32", "float32 unpacked", "bfloat16"]
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids).logits, plain(ids).logits, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="not bfloat16 on cpu"):
+        sd.load_model(path, device="cpu", dtype="bfloat16", packed_linears=True)
+    with pytest.raises(ValueError, match="neither device_map nor batch_invariant"):
+        sd.load_model(path, device="cpu", dtype="float32", packed_linears=True, batch_invariant=True)
+
+
+def test_a_head_on_a_packed_target_drafts_with_packed_linears(local_pairs):
+    """The EAGLE head runs its linear layers as its target does."""
+    import specdec_lite as sd
+    from specdec_lite.drafts.heads import EagleHead, head_config_for, make_drafter
+
+    for packed_linears in (None, False):
+        target, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="float32",
+                                  packed_linears=packed_linears)
+        cfg = head_config_for(target, "eagle")
+        draft = make_drafter(EagleHead(cfg), cfg, target)
+        assert has_packed_linears(draft.head) == has_packed_linears(target) == (packed_linears is None)
