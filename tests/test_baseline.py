@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
+from specdec_lite.core.models import dtype_name
 from specdec_lite.core.packed_linear import can_pack
 from specdec_lite.repro import baseline, evaluate
 
@@ -120,29 +121,30 @@ def test_the_bench_table_gives_medians_speeds_and_greedy_identity_per_configurat
 def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_pairs):
     """On a CPU without native bfloat16, plain decoding in emulated half precision can still beat float32 (it
     reads half the bytes a step), so a float32 run times both halves too, on every CPU kind; a half-precision run
-    times float32 and the other half. Where ours packs float32's linear layers, float32 as transformers loads it
-    is a candidate too."""
+    times float32 and the other half. In each dtype whose linear layers ours packs, the model as transformers loads
+    it is a candidate too (float32 wherever torch has oneDNN, bfloat16 where oneDNN computes it)."""
     import specdec_lite as sd
 
-    unpacked = {"float32 unpacked"} if can_pack(torch.device("cpu"), torch.float32) else set()
+    unpacked = [d for d in (torch.float32, torch.bfloat16) if can_pack(torch.device("cpu"), d)]
+    unpacked_names = {dtype_name(d) + " unpacked" for d in unpacked}
     target, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="float32")
     others = baseline.plain_candidates(target)
-    assert set(others) == {"bfloat16", "float16"} | unpacked
-    assert [m.dtype for m in others.values()] == [torch.bfloat16, torch.float16] + [torch.float32] * len(unpacked)
+    assert set(others) == {"bfloat16", "float16"} | unpacked_names
+    assert [m.dtype for m in others.values()] == [torch.bfloat16, torch.float16] + unpacked
     half, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="bfloat16")
-    assert set(baseline.plain_candidates(half)) == {"float32", "float16"} | unpacked
+    assert set(baseline.plain_candidates(half)) == {"float32", "float16"} | unpacked_names
 
 
 def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_plainly(local_pairs):
-    """Emulated half precision, and float32 as transformers loads it (where ours packs its linear layers), are
+    """Emulated half precision, and each dtype as transformers loads it (where ours packs its linear layers), are
     timed plainly: baseline candidates, not configurations to draft in."""
-    from specdec_lite.core.models import dtype_name, native_dtypes, plain_dtypes
+    from specdec_lite.core.models import native_dtypes, plain_dtypes
     from specdec_lite.repro import bench
 
     cpu = torch.device("cpu")
     runs = bench.run(str(local_pairs / "tiny-2l"), "cpu", prompts_per_task=1, max_new_tokens=4, temperatures=(0.0,),
                      drafts=("n-gram",), progress=False, batch_invariant=False)
-    unpacked = {"float32 unpacked"} if can_pack(cpu, torch.float32) else set()
+    unpacked = {dtype_name(d) + " unpacked" for d in plain_dtypes(cpu) if can_pack(cpu, d)}
     configs = {dtype_name(d) for d in plain_dtypes(cpu)} | unpacked
     drafted = {dtype_name(d) for d in native_dtypes(cpu)}
     assert set(runs.configuration) == configs

@@ -1,5 +1,6 @@
-"""Float32 linear layers on oneDNN-packed weights (core/packed_linear.py): the same product as nn.Linear, what
-loads packed by default, the refusals, and the baseline's unpacked candidate."""
+"""Linear layers on oneDNN-packed weights (core/packed_linear.py): the same product as nn.Linear (float32, and
+bfloat16 where oneDNN computes it), what loads packed by default, the refusals, and the baseline's unpacked
+candidates."""
 import pytest
 import torch
 from torch import nn
@@ -11,15 +12,24 @@ pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32)
                                 reason="torch has no oneDNN (torch.backends.mkldnn) here")
 
 
+PACKED_BFLOAT16 = can_pack(torch.device("cpu"), torch.bfloat16)
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # bfloat16: a product rounded once, in another order
+
+
 @pytest.mark.parametrize("bias", [True, False])
-def test_a_packed_linear_computes_the_linear_product_at_every_width(bias):
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not PACKED_BFLOAT16, reason="oneDNN does not compute bfloat16 on this CPU (no AVX-512 or AMX)"))])
+def test_a_packed_linear_computes_the_linear_product_at_every_width(bias, dtype):
     torch.manual_seed(0)
-    linear = nn.Linear(96, 200, bias=bias)
+    linear = nn.Linear(96, 200, bias=bias).to(dtype)
     packed = PackedLinear(linear)
     with torch.inference_mode():
         for shape in [(1, 96), (7, 96), (1, 33, 96), (2, 5, 96)]:
-            x = torch.randn(shape)
-            torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+            x = torch.randn(shape, dtype=dtype)
+            out = packed(x)
+            assert out.dtype == dtype
+            tol = TOLERANCE[dtype]
+            torch.testing.assert_close(out, linear(x), rtol=tol, atol=tol)
 
 
 def test_gradients_flow_as_through_nn_linear_and_an_in_place_change_is_packed_again():
@@ -42,30 +52,37 @@ def test_gradients_flow_as_through_nn_linear_and_an_in_place_change_is_packed_ag
         torch.testing.assert_close(packed(x), 2 * (x @ linear.weight.T) + linear.bias, rtol=1e-5, atol=1e-5)
 
 
-def test_pack_linears_replaces_every_linear_and_refuses_half_precision_before_changing_anything():
+def test_pack_linears_replaces_every_linear_and_refuses_float16_before_changing_anything():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
     assert pack_linears(model) == 2 and has_packed_linears(model)
     assert [type(m).__name__ for m in model.modules()].count("PackedLinear") == 2
-    half = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4).bfloat16())
+    half = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4).half())
     with pytest.raises(ValueError, match="packed_linears=False"):
         pack_linears(half)
     assert type(half[0]) is nn.Linear and not has_packed_linears(half)
 
 
 def test_float32_loads_packed_on_the_cpu_by_default_and_the_refusals_say_what_to_do(local_pairs):
+    """float32 loads packed; bfloat16 loads packed exactly where oneDNN computes it; float16 never does."""
     import specdec_lite as sd
 
     path = str(local_pairs / "tiny-2l")
     packed, _ = sd.load_model(path, device="cpu", dtype="float32")
     plain, _ = sd.load_model(path, device="cpu", dtype="float32", packed_linears=False)
-    half, _ = sd.load_model(path, device="cpu", dtype="bfloat16")
-    assert has_packed_linears(packed) and not has_packed_linears(plain) and not has_packed_linears(half)
-    assert [baseline.configuration(m) for m in (packed, plain, half)] == ["float32", "float32 unpacked", "bfloat16"]
+    bfloat16, _ = sd.load_model(path, device="cpu", dtype="bfloat16")
+    float16, _ = sd.load_model(path, device="cpu", dtype="float16")
+    assert has_packed_linears(packed) and not has_packed_linears(plain) and not has_packed_linears(float16)
+    assert has_packed_linears(bfloat16) == PACKED_BFLOAT16
+    assert [baseline.configuration(m) for m in (packed, plain, bfloat16, float16)] == [
+        "float32", "float32 unpacked", "bfloat16", "float16"]
     ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
     with torch.inference_mode():
         torch.testing.assert_close(packed(ids).logits, plain(ids).logits, rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match="not bfloat16 on cpu"):
-        sd.load_model(path, device="cpu", dtype="bfloat16", packed_linears=True)
+    with pytest.raises(ValueError, match="not float16 on cpu"):
+        sd.load_model(path, device="cpu", dtype="float16", packed_linears=True)
+    if not PACKED_BFLOAT16:
+        with pytest.raises(ValueError, match="not bfloat16 on cpu"):
+            sd.load_model(path, device="cpu", dtype="bfloat16", packed_linears=True)
     with pytest.raises(ValueError, match="neither device_map nor batch_invariant"):
         sd.load_model(path, device="cpu", dtype="float32", packed_linears=True, batch_invariant=True)
 

@@ -282,10 +282,10 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
     from plain decoding after some tokens, docs/SPEED.md). ``device_map`` ("auto" or a dict, through
     accelerate) spreads a model too large for one device over several (``device`` is then ignored).
     ``cache="static"`` preallocates ``max_cache_len`` tokens (``lm.use_static_cache``), ``compile=True`` compiles
-    its decode forwards (CUDA graphs on a GPU). ``packed_linears`` (None: on for float32 on a CPU, where the
-    copies take under half the free memory) runs the linear layers on weights packed for oneDNN
-    (``packed_linear.pack_linears``: the same product, up to half the time of a forward over a few tokens on some
-    CPUs); False keeps them as transformers loads them. The weights and cache are checked against free memory
+    its decode forwards (CUDA graphs on a GPU). ``packed_linears`` (None: on for float32 on a CPU, and for
+    bfloat16 where oneDNN computes it, where the copies take under half the free memory) runs the linear layers on
+    weights packed for oneDNN (``packed_linear.pack_linears``: the same product, up to half the time of a forward
+    over a few tokens on some CPUs); False keeps them as transformers loads them. The weights and cache are checked against free memory
     before loading. The model is in eval mode and its tokenizer is registered, so ``speculative_generate`` can
     refuse a draft whose tokenizer differs.
     """
@@ -332,7 +332,8 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
 def check_packable(device: torch.device, dtype: torch.dtype, device_map, batch_invariant: bool) -> None:
     """Refuse ``packed_linears=True`` where it cannot run, saying what to load instead."""
     if not can_pack(device, dtype):
-        raise ValueError(f"packed_linears=True runs float32 linear layers on a CPU with oneDNN, not "
+        raise ValueError(f"packed_linears=True runs float32 linear layers on a CPU with oneDNN (bfloat16 ones where "
+                         f"oneDNN computes bfloat16: AVX-512 or AMX), not "
                          f"{dtype_name(dtype)} on {device}; load with packed_linears=None (the default) or False")
     if device_map is not None or batch_invariant:
         raise ValueError("packed_linears=True goes with neither device_map nor batch_invariant=True (those place or "

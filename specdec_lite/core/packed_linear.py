@@ -1,21 +1,27 @@
-"""Float32 linear layers on the CPU through oneDNN, with their weights packed once at load.
+"""Linear layers on the CPU through oneDNN, with their weights packed once at load (float32, and bfloat16 where
+oneDNN computes it).
 
-torch computes a float32 ``nn.Linear`` on the CPU with MKL's matrix product on the weight as it lies. For one
-token (a matrix-vector product, bound by reading the weights) that is as fast as anything here; for the few
-tokens of a verification forward it is slow on some CPUs. oneDNN's matrix product on a weight reordered once into
-its own blocked layout (``torch.ops.mkldnn``, the path torch's inductor takes for frozen CPU models) computes the
-same float32 product, summed in another order (results differ by rounding, about 1e-6 relative), and is much
-cheaper per token at 2-32 tokens. Measured on a 2-core AMD EPYC with AVX2 only, the embedded target with a warm
-200-token cache, ms per forward of M tokens (median of 7, one run):
+torch computes a float32 ``nn.Linear`` on the CPU with MKL's matrix product on the weight as it lies, and a
+bfloat16 one with oneDNN on a weight it reorders at every call. For one token (a matrix-vector product, bound by
+reading the weights) MKL is as fast as anything on some CPUs; for the few tokens of a verification forward it is
+slow on some, and the reorder at every call costs time on all. oneDNN's matrix product on a weight reordered once
+into its own blocked layout (``torch.ops.mkldnn``, the path torch's inductor takes for frozen CPU models) computes
+the same product, summed in another order (results differ by rounding: about 1e-6 relative in float32, one
+bfloat16 rounding step at most), and is cheaper. Measured with the embedded target and a warm 200-token cache, ms
+per forward of M tokens (median of 7 or 15, one run per machine):
 
 | M | 1 | 2 | 4 | 8 | 16 |
 | --- | --- | --- | --- | --- | --- |
-| float32 as transformers loads it (MKL) | 77.8 | 110.9 | 149.8 | 168.2 | 203.7 |
-| float32, packed linears (oneDNN) | 78.3 | 89.5 | 95.1 | 111.0 | 150.0 |
+| AVX2 only (AMD EPYC), float32 as transformers loads it (MKL) | 77.8 | 110.9 | 149.8 | 168.2 | 203.7 |
+| AVX2 only (AMD EPYC), float32, packed linears | 78.3 | 89.5 | 95.1 | 111.0 | 150.0 |
+| AVX512-BF16 (AMD EPYC), float32 as transformers loads it | 61.3 | 99.5 | 92.7 | 99.0 | 128.0 |
+| AVX512-BF16 (AMD EPYC), float32, packed linears | 40.7 | 48.7 | 39.7 | 48.2 | 57.0 |
+| AVX512-BF16 (AMD EPYC), bfloat16 as transformers loads it | 41.5 | 44.3 | 48.8 | 51.3 | 59.7 |
+| AVX512-BF16 (AMD EPYC), bfloat16, packed linears | 31.5 | 33.4 | 32.7 | 37.2 | 46.9 |
 
-So a tree of 8 tokens costs 1.4 decode steps instead of 2.2. ``load_model`` packs a float32 model's linear layers
-on the CPU by default (``packed_linears``); the baseline of every speedup still times float32 as transformers
-loads it (``repro.baseline``), so packing can never make a speedup look larger than plain decoding allows.
+``load_model`` packs a model's linear layers on the CPU by default where ``can_pack`` (``packed_linears``); the
+baseline of every speedup still times plain decoding as transformers loads the model too (``repro.baseline``), so
+packing can never make a speedup look larger than plain decoding allows.
 
 oneDNN's packed product has no backward: with gradients enabled a ``PackedLinear`` computes ``F.linear`` on its
 weight, so training through it is unchanged. A weight changed in place after packing (``load_state_dict``,
@@ -29,12 +35,15 @@ from torch import nn
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``PackedLinear`` runs for a model on ``device`` in ``dtype``: float32 on a CPU with oneDNN."""
-    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    """Whether ``PackedLinear`` runs for a model on ``device`` in ``dtype``: on a CPU with oneDNN, float32, and
+    bfloat16 where oneDNN computes it (CPUs with AVX-512 or AMX; on others torch emulates bfloat16 itself)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinear(nn.Module):
-    """An ``nn.Linear`` whose float32 product runs on a oneDNN-packed copy of its weight. The weight and bias stay
+    """An ``nn.Linear`` whose product runs on a oneDNN-packed copy of its weight. The weight and bias stay
     the linear's own parameters (state dicts, tied embeddings and training see them as before)."""
 
     def __init__(self, linear: nn.Linear):
@@ -48,7 +57,7 @@ class PackedLinear(nn.Module):
         self._packed_version = self.weight._version
 
     def forward(self, x):
-        if torch.is_grad_enabled() or x.dtype != torch.float32:
+        if torch.is_grad_enabled() or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)  # the packed product has no backward
         if self.weight._version != self._packed_version:
             self._pack()
@@ -59,13 +68,14 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every float32 ``nn.Linear`` of ``model`` (on the CPU) by a ``PackedLinear``, in place; returns how
+    """Replace every ``nn.Linear`` of ``model`` (on the CPU, in a dtype ``can_pack``) by a ``PackedLinear``, in place; returns how
     many. Raises, before changing anything, where oneDNN cannot run the model's linears."""
     linears = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if type(child) is nn.Linear]
     for _, _, linear in linears:
         if not can_pack(linear.weight.device, linear.weight.dtype):
-            raise ValueError(f"packed_linears=True needs float32 weights on a CPU with oneDNN "
+            raise ValueError(f"packed_linears=True needs float32 weights, or bfloat16 ones on a CPU where oneDNN computes "
+                             f"bfloat16 (AVX-512 or AMX), "
                              f"(torch.backends.mkldnn), but a linear layer is {linear.weight.dtype} on "
                              f"{linear.weight.device}; load with packed_linears=False")
     for parent, name, linear in linears:

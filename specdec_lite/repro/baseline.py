@@ -4,9 +4,9 @@ same machine, measured in the same run.
 The candidates are plain autoregressive decoding by ours (``autoregressive_generate``) and by transformers'
 ``generate``, each in float32 and in each half precision the device runs, native or emulated
 (``core.models.plain_dtypes``: on a CPU without native bfloat16, plain decoding can be faster in emulated half
-precision than in float32), on the model as it loads (not made batch-invariant, default attention), and in float32
-also as transformers loads it where ours packs its linear layers for oneDNN (``core.packed_linear``: so the
-rule's "transformers' generate in float32" is always among the candidates). Every
+precision than in float32), on the model as it loads (not made batch-invariant, default attention), and, in each
+dtype whose linear layers ours packs for oneDNN (``core.packed_linear``), also as transformers loads it (so the
+rule's "transformers' generate" on the unchanged model is always among the candidates). Every
 candidate is timed on the same prompts as the methods it is compared with, warmed up first, with the same number
 of new tokens (EOS is ignored while timing). The baseline is the candidate with the lowest median time per token
 over the prompts; a method's speedup on a prompt is the baseline's time per token on that prompt over the
@@ -24,14 +24,14 @@ from ..core.packed_linear import can_pack, kept_unpacked
 
 SAME_CONFIG = "autoregressive"  # the method row of plain decoding by ours on the run's own target
 OWN_PLAIN = (SAME_CONFIG, "transformers generate")  # plain decoding rows of the run's own target (unlabelled)
-UNPACKED = " unpacked"  # the name's mark of float32 with the linear layers transformers loads (no oneDNN packing)
+UNPACKED = " unpacked"  # the name's mark of a model with the linear layers transformers loads (no oneDNN packing)
 
 
 def plain_configurations(device: torch.device) -> list[tuple[torch.dtype, bool | None]]:
     """(dtype, packed_linears) of every plain configuration that is a baseline candidate on ``device``: each dtype
-    of ``plain_dtypes`` as it loads, and float32 as transformers loads it where ours packs its linear layers."""
-    configs = [(dtype, None) for dtype in plain_dtypes(device)]
-    return (configs + [(torch.float32, False)]) if can_pack(device, torch.float32) else configs
+    of ``plain_dtypes`` as it loads, and each dtype whose linear layers ours packs also as transformers loads it."""
+    dtypes = plain_dtypes(device)
+    return [(dtype, None) for dtype in dtypes] + [(dtype, False) for dtype in dtypes if can_pack(device, dtype)]
 
 
 def plain_candidates(target) -> dict:
