@@ -10,5 +10,5 @@
   models      loading a model by package name, Hugging Face id or local path; the "auto" dtype
   batch_invariance  batch-invariant layers (bfloat16 on the CPU keeps greedy identity)
   memory      will a model and its cache fit
-  packed_linear  float32 linear layers on oneDNN-packed weights (cheaper verification forwards on CPUs)
+  packed_linear  linear layers on oneDNN-packed weights, float32 and bfloat16 (cheaper forwards on CPUs)
 """

@@ -68,15 +68,15 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every ``nn.Linear`` of ``model`` (on the CPU, in a dtype ``can_pack``) by a ``PackedLinear``, in place; returns how
-    many. Raises, before changing anything, where oneDNN cannot run the model's linears."""
+    """Replace every ``nn.Linear`` of ``model`` (on the CPU, in a dtype ``can_pack``) by a ``PackedLinear``, in
+    place; returns how many. Raises, before changing anything, where oneDNN cannot run the model's linears."""
     linears = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if type(child) is nn.Linear]
     for _, _, linear in linears:
         if not can_pack(linear.weight.device, linear.weight.dtype):
-            raise ValueError(f"packed_linears=True needs float32 weights, or bfloat16 ones on a CPU where oneDNN computes "
-                             f"bfloat16 (AVX-512 or AMX), "
-                             f"(torch.backends.mkldnn), but a linear layer is {linear.weight.dtype} on "
+            raise ValueError(f"packed_linears=True needs oneDNN (torch.backends.mkldnn) and float32 weights, or "
+                             f"bfloat16 ones on a CPU where oneDNN computes bfloat16 (AVX-512 or AMX), but a linear "
+                             f"layer is {linear.weight.dtype} on "
                              f"{linear.weight.device}; load with packed_linears=False")
     for parent, name, linear in linears:
         setattr(parent, name, PackedLinear(linear))
