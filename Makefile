@@ -81,7 +81,7 @@ gpu-check:
 	$(GPU_PYTHON) -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible to torch'"
 	$(GPU_PYTHON) -c "import pytest" || { echo "the GPU check runs unit tests: install pytest first"; exit 1; }
 	SPECDEC_TEST_DEVICE=cuda $(GPU_PYTHON) -m pytest -q -p no:cacheprovider \
-		tests/test_static_cache.py tests/test_loop.py tests/test_verify.py
+		tests/test_static_cache.py tests/test_loop.py tests/test_verify.py tests/test_trees.py
 	$(GPU_PYTHON) -m specdec_lite.repro.gpu_bench --device cuda --out out/gpu_check
 
 clean:

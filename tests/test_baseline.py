@@ -135,15 +135,19 @@ def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_
     assert set(baseline.plain_candidates(half)) == {"float32", "float16"} | unpacked_names
 
 
-def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_plainly(local_pairs):
+def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_plainly(local_pairs, tmp_path):
     """Emulated half precision, and each dtype as transformers loads it (where ours packs its linear layers), are
-    timed plainly: baseline candidates, not configurations to draft in."""
+    timed plainly: baseline candidates, not configurations to draft in. The per-run rows are on disk as they are
+    measured (a run cut off keeps them)."""
     from specdec_lite.core.models import native_dtypes, plain_dtypes
     from specdec_lite.repro import bench
 
     cpu = torch.device("cpu")
     runs = bench.run(str(local_pairs / "tiny-2l"), "cpu", prompts_per_task=1, max_new_tokens=4, temperatures=(0.0,),
-                     drafts=("n-gram",), progress=False, batch_invariant=False)
+                     drafts=("n-gram",), progress=False, batch_invariant=False,
+                     runs_out=bench.runs_csv(tmp_path / "table.csv"))
+    written = pd.read_csv(tmp_path / "table_runs.csv")
+    assert len(written) == len(runs) and set(written.configuration) == set(runs.configuration)
     unpacked = {dtype_name(d) + " unpacked" for d in plain_dtypes(cpu) if can_pack(cpu, d)}
     configs = {dtype_name(d) for d in plain_dtypes(cpu)} | unpacked
     drafted = {dtype_name(d) for d in native_dtypes(cpu)}

@@ -69,6 +69,7 @@ def test_the_smoke_benchmark_writes_its_csv_and_figure(tmp_path):
         fastest = max([x["ours autoregressive tokens/s"] for x in rows] + [r["transformers generate tokens/s"]])
         assert r["baseline tokens/s"] == fastest  # float32 run: no other dtype to try
         assert r["speedup a=0.8"] == pytest.approx(r["speculative tokens/s a=0.8"] / fastest)
+        assert all(r[f"greedy identical a={a}"] is True for a in gpu_bench.ACCEPTANCES)  # float32 stops otherwise
     path = gpu_bench.write_csv(rows, tmp_path / "gpu_check.csv")
     with open(path) as f:
         assert len(list(csv.DictReader(f))) == 2
@@ -88,3 +89,13 @@ def test_speedups_are_over_the_fastest_plain_decoding_of_any_path_or_dtype():
     rows = [row("eager-dynamic", 80.0)]
     gpu_bench.add_baseline(rows, {"transformers generate (float32)": 120.0})
     assert rows[0]["baseline"] == "transformers generate (float32)" and rows[0]["speedup a=0.6"] == pytest.approx(200 / 120)
+
+
+def test_half_precision_records_greedy_identity_instead_of_stopping():
+    """In bfloat16 the speculative output may part from the plain one (a forward over several tokens rounds
+    differently): the row says whether it did, for each acceptance, and the check goes on (it stopped here once,
+    on the tiny pair on a CPU with native bfloat16, before reaching a GPU)."""
+    target = gpu_bench.random_llama("tiny-target", "cpu", torch.bfloat16, seed=0)
+    draft = gpu_bench.random_llama("tiny-draft", "cpu", torch.bfloat16, seed=1)
+    row = gpu_bench.measure_pair(target, draft, "eager-dynamic", prompt_len=8, new_tokens=48, repeats=1)
+    assert all(isinstance(row[f"greedy identical a={a}"], bool) for a in gpu_bench.ACCEPTANCES)

@@ -78,11 +78,13 @@ class Tree:
             node = int(self.parents[node])
         return path[::-1]
 
-    def child_distribution(self, child: int, V: int, dtype=torch.float64) -> torch.Tensor:
-        """q_c: the distribution child c was drawn from, or the one-hot of its token when it was chosen."""
+    def child_distribution(self, child: int, V: int, dtype=torch.float64, device=None) -> torch.Tensor:
+        """q_c: the distribution child c was drawn from, or the one-hot of its token when it was chosen; on
+        ``device`` (the target's p, which a tree built on the CPU meets on a GPU), the tree's own by default."""
+        device = device or self.tokens.device
         if bool(self.drawn[child]):
-            return self.q[child].to(dtype)
-        row = torch.zeros(V, dtype=dtype, device=self.tokens.device)
+            return self.q[child].to(device=device, dtype=dtype)
+        row = torch.zeros(V, dtype=dtype, device=device)
         row[self.tokens[child]] = 1.0
         return row
 
@@ -145,7 +147,7 @@ def verify_tree(tree: Tree, p: torch.Tensor, generator: torch.Generator | None =
     while True:
         r = p[node]  # what the children compete for, and the bonus at a leaf
         for child in tree.children(node):
-            q_c = tree.child_distribution(child, V, r.dtype)
+            q_c = tree.child_distribution(child, V, r.dtype, r.device)
             x = int(tree.tokens[child])
             u = torch.rand((), generator=generator, device=r.device, dtype=r.dtype)
             if u < rule.accept(r[x], q_c[x]):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -66,14 +67,16 @@ def drafted_in(model, native: list) -> bool:
 
 def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),
         gamma=4, seed=0, progress=True, drafts=("auto",), head: str | None = None,
-        skip_per_task: int = 0, batch_invariant: bool = True) -> pd.DataFrame:
+        skip_per_task: int = 0, batch_invariant: bool = True, runs_out: str | Path | None = None) -> pd.DataFrame:
     """Every (configuration, method) on the same prompts, one row per run, with the speed over the fastest plain
     decoding of the whole run (columns baseline, speedup) and, within a configuration, over its own plain
     decoding (speedup_same_config). ``drafts``: the speculative methods, by ``load_draft`` name, a tree draft
     also as ``name@head`` (on that EAGLE head); ``head``: the EAGLE head of the other tree drafts (``tree_draft``;
     by default the recommended one); ``skip_per_task``: leave out the first prompts of each task (5: those of the
     benchmark in 03_task_acceptance, to choose settings on other prompts); ``batch_invariant``: also time the
-    batch-invariant configurations (``configurations``)."""
+    batch-invariant configurations (``configurations``); ``runs_out``: a CSV the per-run rows measured so far are
+    written to after each configuration (times and tokens, no speedups: the baseline needs every configuration), so
+    that a run cut off by a time limit keeps what it measured."""
     from .evaluate import time_prompts, transformers_methods
 
     device = resolve_device(device)
@@ -91,12 +94,20 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
                                 max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=t), seed=seed,
                                 progress=progress, transformers={"transformers generate": {}, **hf})
             frames.append(runs.assign(configuration=label))
+            if runs_out:
+                pd.concat(frames, ignore_index=True).to_csv(runs_out, index=False)
     runs = pd.concat(frames, ignore_index=True)
     runs["method"] = runs["method"].str.replace("autoregressive", "ours autoregressive") + ", " + runs["configuration"]
     runs = baseline.over_fastest(runs)
     for (_, config), at in runs.groupby(["temperature", "configuration"]):
         runs.loc[at.index, "speedup_same_config"] = baseline.speedup_over(at, f"ours autoregressive, {config}")
     return runs
+
+
+def runs_csv(out: str | Path) -> Path:
+    """Where the per-run rows of a table written to ``out`` go: beside it, as <name>_runs.csv."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}_runs.csv")
 
 
 def named_draft(name: str, model, head: str | None = None):
@@ -178,12 +189,13 @@ def main(argv=None):
     parser.add_argument("--head", default=None, help="the EAGLE head of the tree drafts (default: the recommended)")
     parser.add_argument("--no-batch-invariant", action="store_true",
                         help="leave out the batch-invariant configurations (the baseline is among the others)")
-    parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV")
+    parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV, and the "
+                        "per-run rows, as they are measured, beside it (<name>_runs.csv)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma,
                drafts=args.drafts, head=args.head, skip_per_task=args.skip_per_task,
-               batch_invariant=not args.no_batch_invariant)
+               batch_invariant=not args.no_batch_invariant, runs_out=runs_csv(args.out) if args.out else None)
     summary, where = table(runs), machine()
     if args.out:
         summary.assign(machine=where, prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(

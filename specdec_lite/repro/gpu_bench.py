@@ -11,7 +11,10 @@ model alongside, so that a round costs what it would with that draft. Per pair a
 and the draft's ms per token, c, v(gamma) for gamma 1..8, our autoregressive tokens/s against transformers'
 ``generate``, our speculative tokens/s at a = 0.6, 0.8, 0.9 (gamma 4) against the formula's prediction
 E[N] / (gamma c + v(gamma)) from the measured c and v, and transformers' assisted generation with the same two
-models. Speedups are over the fastest plain decoding of the target measured in the run (ours on every path,
+models. In float32 a speculative output that is not the plain one stops the check; in half precision a forward over
+several tokens can round differently from a decode step and the outputs may part (docs/SPEED.md), after which the
+oracle's proposals no longer follow the context: the column ``greedy identical a=...`` says whether that happened,
+and where it did the row's speed understates the acceptance. Speedups are over the fastest plain decoding of the target measured in the run (ours on every path,
 transformers' ``generate``, in the run's dtype and in float32: column baseline); the speedup over our plain
 decoding on the same path, which is what the formula predicts, stands beside it. One CSV, and one figure when
 matplotlib is installed.
@@ -144,11 +147,12 @@ def measure_pair(target, draft, path: str, *, prompt_len=64, new_tokens=128, gam
         oracle = OracleDraft(draft, reference, prompt_len, a, seed)
         spec_tps, out = tokens_per_second(lambda: speculative_generate(
             target, oracle, x, gamma=gamma, max_new_tokens=new_tokens, sampling=GREEDY).tokens, device, repeats)
-        if not torch.equal(out.cpu(), reference.cpu()):
+        identical = torch.equal(out.cpu(), reference.cpu())
+        if not identical and target.dtype == torch.float32:  # promised in float32 only (docs/SPEED.md)
             raise AssertionError(f"greedy identity broken on the {path} path at a = {a}")
         predicted = theory.speedup(a, gamma, costs.c, costs.v[gamma])
         row |= {f"speculative tokens/s a={a}": spec_tps, f"speedup over same path a={a}": spec_tps / ar_tps,
-                f"predicted speedup a={a}": predicted}
+                f"predicted speedup a={a}": predicted, f"greedy identical a={a}": identical}
     set_path([target, draft], "eager-dynamic", 0)
     return row
 
