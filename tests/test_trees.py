@@ -564,7 +564,7 @@ def test_a_tree_built_on_the_cpu_is_verified_where_the_target_runs():
     generator = torch.Generator(device=DEVICE).manual_seed(1)
     counts = {}
     for _ in range(4000):
-        path, token = sd.core.tree.verify_tree(tree, on_device, generator)
+        path, token = tree_module.verify_tree(tree, on_device, generator)
         outcome = (*(int(tree.tokens[i]) for i in path), token)
         counts[outcome] = counts.get(outcome, 0) + 1
     assert set(counts) <= set(exact)

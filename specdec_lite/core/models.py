@@ -285,9 +285,9 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
     its decode forwards (CUDA graphs on a GPU). ``packed_linears`` (None: on for float32 on a CPU, and for
     bfloat16 where oneDNN computes it, where the copies take under half the free memory) runs the linear layers on
     weights packed for oneDNN (``packed_linear.pack_linears``: the same product, up to half the time of a forward
-    over a few tokens on some CPUs); False keeps them as transformers loads them. The weights and cache are checked against free memory
-    before loading. The model is in eval mode and its tokenizer is registered, so ``speculative_generate`` can
-    refuse a draft whose tokenizer differs.
+    over a few tokens on some CPUs); False keeps them as transformers loads them. The weights and cache are checked
+    against free memory before loading. The model is in eval mode and its tokenizer is registered, so
+    ``speculative_generate`` can refuse a draft whose tokenizer differs.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -14,10 +14,10 @@ E[N] / (gamma c + v(gamma)) from the measured c and v, and transformers' assiste
 models. In float32 a speculative output that is not the plain one stops the check; in half precision a forward over
 several tokens can round differently from a decode step and the outputs may part (docs/SPEED.md), after which the
 oracle's proposals no longer follow the context: the column ``greedy identical a=...`` says whether that happened,
-and where it did the row's speed understates the acceptance. Speedups are over the fastest plain decoding of the target measured in the run (ours on every path,
-transformers' ``generate``, in the run's dtype and in float32: column baseline); the speedup over our plain
-decoding on the same path, which is what the formula predicts, stands beside it. One CSV, and one figure when
-matplotlib is installed.
+and where it did the row's speed understates the acceptance. Speedups are over the fastest plain decoding of the
+target measured in the run (ours on every path, transformers' ``generate``, in the run's dtype and in float32:
+column baseline); the speedup over our plain decoding on the same path, which is what the formula predicts, stands
+beside it. One CSV, and one figure when matplotlib is installed.
 
 No pandas or seaborn here: the check runs where only torch and transformers are installed.
 """
