@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core.models import EMBEDDED_EAGLE
+from specdec_lite.core.models import EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP
 from specdec_lite.drafts import heads
 from specdec_lite.paths import DATA_ENV
 from specdec_lite.train import continued, corpus, eagle3, features
@@ -110,7 +110,7 @@ def test_a_run_of_more_layers_grows_its_start_and_resumes(shipped):
     predicts exactly what its start predicts (the second layer begins as the identity); training moves the second
     layer; an interrupted run resumes to the same weights; a start with more layers than the run is refused."""
     target, root = shipped
-    assert continued.LAYERS[continued.NAME] == 2
+    assert continued.LAYERS[EMBEDDED_EAGLE_DEEP] == 2
     cfg = config(root, steps=4, eval_every=2)
     deep = trainer(target, root, "deep", cfg, num_layers=2)
     start, _, _ = heads.read_head(root / "data" / "drafts" / EMBEDDED_EAGLE)
@@ -202,3 +202,34 @@ def test_a_new_run_takes_its_peak_learning_rate_from_the_command_line_and_a_resu
     run.run(max_minutes=0, progress=False)  # one step, saved with its settings
     resumed = continued.run_config(root / "lower", steps=99, corpus_dir=root / "text", lr=continued.PEAK_LR)
     assert resumed.lr == 1e-4 and resumed.steps == 5
+
+
+def test_a_run_on_no_newer_record_holds_out_what_its_start_held_out(shipped):
+    """A start trained on the whole corpus as it is now leaves no unseen records: the run holds out the start's own
+    held-out ones, which no head before it trained on, and takes its batch size from the command line."""
+    target, root = shipped
+    start = root / "data" / "drafts" / "whole-corpus"
+    good = trainer(target, root, "whole-corpus-run", config(root, steps=1, heldout=[1, 4]))
+    good.run(progress=False)
+    copy_checkpoint(root / "whole-corpus-run", start)
+    cfg = continued.run_config(root / "next", steps=9, corpus_dir=root / "text", start_from="whole-corpus",
+                               batch_size=3)
+    assert cfg.heldout == [1, 4] and cfg.batch_size == 3 and cfg.start_from == "whole-corpus"
+    assert cfg.records == len(corpus.load_index(root / "text"))
+
+
+def test_the_features_must_be_where_the_target_runs_and_publishing_is_on_the_cpu(shipped, tmp_path):
+    from specdec_lite.train import loop
+
+    target, root = shipped
+    data, _ = load_dataset(root / "f", config(root), root / "text", device="meta")
+    assert data.items[0][1].device.type == "meta"
+    with pytest.raises(ValueError, match=r"features are on meta and the target on cpu.*device=target.device"):
+        HeadTrainer(target, heads.head_config_for(target, "eagle", "tiny", sub_vocab_size=4096), data, config(root),
+                    tmp_path / "run")
+    args = loop.run_arguments("d", continued.training_dir, 10, ["--device", "cuda", "--batch-size", "64"],
+                              heads=[continued.NAME], batch_size=8)
+    assert (args.device, args.batch_size, args.dtype) == ("cuda", 64, "auto")
+    with pytest.raises(SystemExit):
+        loop.run_arguments("d", continued.training_dir, 10, ["--device", "cuda", "--publish"], heads=[continued.NAME],
+                           batch_size=8)

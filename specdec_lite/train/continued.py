@@ -20,14 +20,21 @@ before (``STARTS``), and train on replies in ``data/target_text`` the corpus hel
                                 identity, so the run begins from that head's predictions), teacher-forced as it
                                 was, on every reply to the target's own requests: more of the same text did not
                                 move the one-layer heads, so this tries more capacity
+    smollm2-135m-eagle-deep-ttt from that head, unrolled on its own predictions, on every reply the corpus holds
+                                (the held-out ones of its start aside), at a batch a GPU affords
+                                (``--device cuda --batch-size 64``)
 
 Each holds out the EAGLE-3 run's replies (``eagle3.heldout_indices``: records the first head never saw); a later
 run also holds out ``eagle3.HELDOUT_RECORDS`` of the records its start never saw, spread evenly over them
-(``new_heldout``). A run is compared with its start on its held-out replies by ``eagle3.acceptance``.
+(``new_heldout``), and a run on no record newer than its start's holds out its start's held-out records. A run is
+compared with its start on its held-out replies by ``eagle3.acceptance``.
 
     python -m specdec_lite.train.features --corpus data/target_text      # the features (resumable)
     python -m specdec_lite.train.continued --head smollm2-135m-eagle-self --minutes 40   # resumes exactly
     python -m specdec_lite.train.continued --head smollm2-135m-eagle-self --publish      # ship it if it is better
+
+On a GPU, ``--device cuda`` extracts the features and trains there (the target in ``--dtype``, float32 for exact
+features); ``--batch-size`` (records a step) is fixed at the first start, like ``--steps`` and ``--lr``.
 
 The records used are fixed at the run's first start (``records`` in its ``training_config.json``), so a resumed
 run draws the same batches after the corpus has grown. A run lives in ``data/training/<head>`` (head, AdamW's
@@ -39,9 +46,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+import torch
 
-from ..core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF,
-                           EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2, EMBEDDED_TARGET, load_model)
+from ..core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_DEEP_TTT,
+                           EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2,
+                           EMBEDDED_TARGET, load_model)
 from ..drafts.heads import read_head_config
 from ..paths import drafts_dir, repo_root
 from ..show import to_markdown
@@ -51,12 +60,13 @@ from .loop import CONFIG_FILE, STATE_FILE, copy_checkpoint, read_config, require
 
 STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_EAGLE_REPLIES,
           EMBEDDED_EAGLE_TTT: EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT2: EMBEDDED_EAGLE_TTT,
-          EMBEDDED_EAGLE_DEEP: EMBEDDED_EAGLE_SELF}  # head: its start
-NAME = EMBEDDED_EAGLE_DEEP  # the newest run
+          EMBEDDED_EAGLE_DEEP: EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_DEEP_TTT: EMBEDDED_EAGLE_DEEP}  # head: its start
+NAME = EMBEDDED_EAGLE_DEEP_TTT  # the newest run
 PEAK_LR = 5e-4  # the continued runs' peak learning rate, half the first head's (a run may set its own: --lr)
 UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance), and trained on by the unrolled runs
-UNROLLED = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2}  # the runs trained with training-time test
-SELF_MADE_ONLY = UNROLLED | {EMBEDDED_EAGLE_DEEP}  # the runs on the replies to the target's own requests only: their
+UNROLLED = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2, EMBEDDED_EAGLE_DEEP_TTT}  # the runs trained with training-time
+# test
+SELF_MADE_ONLY = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2, EMBEDDED_EAGLE_DEEP}  # the runs on the replies to the target's own requests only: their
 # start has trained on the text before them, whose features would take far longer to extract
 LAYERS = {EMBEDDED_EAGLE_DEEP: 2}  # decoder layers of a run that grows its start (the others keep its one)
 
@@ -78,25 +88,27 @@ def new_heldout(seen: int, n_records: int) -> list[int]:
 
 
 def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_from: str = EMBEDDED_EAGLE,
-               unroll: int = 1, lr: float = PEAK_LR, self_made_only: bool = False) -> HeadTrainConfig:
+               unroll: int = 1, lr: float = PEAK_LR, self_made_only: bool = False,
+               batch_size: int = HeadTrainConfig.batch_size) -> HeadTrainConfig:
     """The run's settings: those stored in ``out_dir`` when it resumes, else the first head's recipe at peak
-    learning rate ``lr`` (by default half the first head's), from ``start_from``, on every record the corpus has
-    now but the held-out ones: the EAGLE-3 run's, and for a start that is itself a continued head, ``new_heldout``
-    of the records it never saw. With ``unroll`` > 1, training-time test of that many steps. With
-    ``self_made_only`` (``SELF_MADE_ONLY``: every unrolled run, and others), on the replies to the target's own
-    requests only (from the first of them on)."""
+    learning rate ``lr`` (by default half the first head's) and ``batch_size`` records a step, from ``start_from``,
+    on every record the corpus has now but the held-out ones: the EAGLE-3 run's, and for a start that is itself a
+    continued head, ``new_heldout`` of the records it never saw, or its own held-out records when the corpus has
+    none it never saw. With ``unroll`` > 1, training-time test of that many steps. With ``self_made_only``
+    (``SELF_MADE_ONLY``), on the replies to the target's own requests only (from the first of them on)."""
     if (out_dir / CONFIG_FILE).exists():
         return read_config(out_dir / CONFIG_FILE, HeadTrainConfig)
     index = corpus.load_index(corpus_dir)
     n = len(index)
-    heldout = eagle3.heldout_indices(n)
     start = drafts_dir() / start_from / CONFIG_FILE
-    seen = read_config(start, HeadTrainConfig).records if start.exists() else 0  # 0: not a continued head
-    if seen:
-        heldout += new_heldout(seen, n)
+    start_cfg = read_config(start, HeadTrainConfig) if start.exists() else None  # None: not a continued head
+    if start_cfg and start_cfg.records == n:
+        heldout = list(start_cfg.heldout)
+    else:
+        heldout = eagle3.heldout_indices(n) + (new_heldout(start_cfg.records, n) if start_cfg else [])
     first = corpus.first_self_made(index) if self_made_only else 0
-    return HeadTrainConfig(steps=steps, lr=lr, warmup=100, eval_every=250, heldout=heldout,
-                           start_from=start_from, records=n, unroll=unroll, first_record=first)
+    return HeadTrainConfig(steps=steps, lr=lr, warmup=100, eval_every=250, heldout=heldout, start_from=start_from,
+                           records=n, unroll=unroll, first_record=first, batch_size=batch_size)
 
 
 def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path | None = None,
@@ -108,7 +120,7 @@ def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path |
     features_path = features_path or features.features_dir(target_name)
     features.extract_features(target, corpus_dir, features_path, target_name, max_records=cfg.records,
                               first_record=cfg.first_record)
-    data, _ = load_dataset(features_path, cfg, corpus_dir, max_records=cfg.records)
+    data, _ = load_dataset(features_path, cfg, corpus_dir, max_records=cfg.records, device=target.device)
     head_cfg = read_head_config(drafts_dir() / cfg.start_from)
     if num_layers is not None:
         head_cfg = replace(head_cfg, num_layers=num_layers)
@@ -145,17 +157,20 @@ def publish(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = N
 
 
 def main(argv=None):
-    args = run_arguments(__doc__, training_dir, 4000, argv, heads=[NAME, *sorted(set(STARTS) - {NAME})], lr=PEAK_LR)
+    args = run_arguments(__doc__, training_dir, 4000, argv, heads=[NAME, *sorted(set(STARTS) - {NAME})], lr=PEAK_LR,
+                         batch_size=HeadTrainConfig.batch_size)
     out_dir = args.out
     if args.publish:
         require_checkpoint(out_dir, [STATE_FILE, CONFIG_FILE], "continued EAGLE head")
-    target, _ = load_model(EMBEDDED_TARGET)
+    target, _ = load_model(EMBEDDED_TARGET, args.device, args.dtype)
+    if target.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # the head's products in TF32: several times float32's speed
     if args.publish:
         publish(target, HeadTrainer.from_checkpoint(target, out_dir, "eagle"), args.head)
         return
     unroll = UNROLL if args.head in UNROLLED else 1
     cfg = run_config(out_dir, args.steps, start_from=STARTS[args.head], unroll=unroll, lr=args.lr,
-                     self_made_only=args.head in SELF_MADE_ONLY)
+                     self_made_only=args.head in SELF_MADE_ONLY, batch_size=args.batch_size)
     trainer = make_trainer(target, out_dir, cfg, num_layers=LAYERS.get(args.head))
     trainer.run(max_minutes=args.minutes)
     print(trainer.log[-1])

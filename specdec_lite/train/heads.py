@@ -78,15 +78,17 @@ class FeatureDataset:
     ``cfg.heldout`` names (their corpus indices; ``records`` are the corpus's from ``cfg.first_record`` on), else a
     random ``cfg.heldout_fraction`` of them."""
 
-    def __init__(self, records, features: np.ndarray, cfg: HeadTrainConfig):
-        self.items = []  # (tokens (L,), features (L, H) float16, reply_start)
+    def __init__(self, records, features: np.ndarray, cfg: HeadTrainConfig, device="cpu"):
+        self.device = torch.device(device)
+        self.items = []  # (tokens (L,), features (L, H) float16 on ``device``, reply_start)
         record_of = []  # the corpus index of each item
         for i, (entry, arr) in enumerate(records):
             n = min(len(arr), cfg.max_len)
             if entry["prompt_len"] < n - 2:
                 start = entry["offset"]
                 self.items.append((torch.from_numpy(arr[:n]),
-                                   torch.from_numpy(np.array(features[start: start + n])), entry["prompt_len"]))
+                                   torch.from_numpy(np.array(features[start: start + n])).to(self.device),
+                                   entry["prompt_len"]))
                 record_of.append(cfg.first_record + i)
         if cfg.heldout:
             held = set(cfg.heldout)
@@ -100,13 +102,13 @@ class FeatureDataset:
                                                      torch.Generator().manual_seed(cfg.seed))
 
     def batch(self, rows):
-        """(ids (B, L), features (B, L, H) float32, valid (B, L) bool, reply_start (B,))."""
-        ids, valid = padded([self.items[i][0] for i in rows])
+        """(ids (B, L), features (B, L, H) float32, valid (B, L) bool, reply_start (B,)), on the dataset's device."""
+        ids, valid = (t.to(self.device) for t in padded([self.items[i][0] for i in rows]))
         H = self.items[rows[0]][1].shape[1]
-        feats = torch.zeros(len(rows), ids.shape[1], H)
+        feats = torch.zeros(len(rows), ids.shape[1], H, device=self.device)
         for r, i in enumerate(rows):
             feats[r, : len(self.items[i][1])] = self.items[i][1].float()
-        starts = torch.tensor([self.items[i][2] for i in rows])
+        starts = torch.tensor([self.items[i][2] for i in rows], device=self.device)
         return ids, feats, valid.bool(), starts
 
     def sequences(self, rows=None):
@@ -135,8 +137,8 @@ def eagle_loss(head, embed, output: OutputLayer, batch, cfg: HeadTrainConfig, tr
     if cfg.unroll > 1:
         steps = head.unrolled(inputs, token_emb, cfg.unroll)  # [(B, L-1, H)] per drafting step
     else:
-        steps = [head(inputs, token_emb, torch.arange(L - 1))]
-    pos = torch.arange(L - 1)[None, :]
+        steps = [head(inputs, token_emb, torch.arange(L - 1, device=ids.device))]
+    pos = torch.arange(L - 1, device=ids.device)[None, :]
     counted = valid[:, 1:] & (pos + 2 >= starts[:, None])  # token i+2 is a reply token (or the end)
     true = feats[:, 1:][counted]  # (N, H): the target's features, and below its logits, the same at every step
     with torch.no_grad():
@@ -174,7 +176,7 @@ def medusa_loss(head, output: OutputLayer, batch):
         span = L - 1 - k  # positions i with a feature f_{i+1+k}
         if span <= 0:
             continue
-        pos = torch.arange(span)[None, :]
+        pos = torch.arange(span, device=feats.device)[None, :]
         mask = valid[:, 1 + k:] & (pos + 2 + k >= starts[:, None])
         logits = output.sub_logits(predicted[:, :span, k][mask])
         target_logits = target_logits_all[:, 1 + k:][mask]
@@ -187,10 +189,14 @@ def medusa_loss(head, output: OutputLayer, batch):
 
 class HeadTrainer:
     """One training run of one head kind with ``loop.TrainingLoop``; ``run`` resumes from ``out_dir`` when a
-    checkpoint is there. ``from_checkpoint`` gives the trainer of a finished checkpoint without training data."""
+    checkpoint is there. ``from_checkpoint`` gives the trainer of a finished checkpoint without training data. The
+    head trains in float32 on the target's device, where the dataset's features must be (``load_dataset``)."""
 
     def __init__(self, target, head_cfg: HeadConfig, data: FeatureDataset | None, cfg: HeadTrainConfig,
                  out_dir: Path):
+        if data is not None and data.device != target.device:
+            raise ValueError(f"the features are on {data.device} and the target on {target.device}: load them where "
+                             f"the target runs (load_dataset(..., device=target.device))")
         self.target, self.head_cfg, self.data, self.cfg = target, head_cfg, data, cfg
         self.out_dir = Path(out_dir)
         self.embed = target.get_input_embeddings()
@@ -203,7 +209,7 @@ class HeadTrainer:
         self.output = OutputLayer(target, vocab, self.vocab_ids)
         with torch.random.fork_rng(devices=[]):  # the initial weights are the seed's, whatever ran before
             torch.manual_seed(cfg.seed)
-            self.head = build_head(head_cfg)
+            self.head = build_head(head_cfg).to(target.device)
         if cfg.start_from:
             self._start_from(drafts_dir() / cfg.start_from)
         self.loop = TrainingLoop(self.head, lambda batch: self.loss(batch)[0], self.sample, self.evaluate,
@@ -317,8 +323,10 @@ def describe(trainer: HeadTrainer) -> str:
             f"{data}")
 
 
-def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_records: int | None = None):
-    """The corpus records from ``cfg.first_record`` on that have features, up to ``max_records`` (all by default)."""
+def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_records: int | None = None,
+                 device="cpu"):
+    """The corpus records from ``cfg.first_record`` on that have features, up to ``max_records`` (all by default),
+    their features on ``device`` (where the target, and so the training, runs)."""
 
     features, meta = load_features(features_dir)
     if cfg.first_record < meta["first_record"]:
@@ -330,4 +338,4 @@ def load_dataset(features_dir: Path, cfg: HeadTrainConfig, corpus_dir=None, max_
         raise ValueError(f"{features_dir} has features of corpus records up to {meta['records_done']}, and {end} are "
                          "asked for: extract the rest first (python -m specdec_lite.train.features)")
     records = load_records(corpus_dir)[cfg.first_record: end]
-    return FeatureDataset(records, features, cfg), meta
+    return FeatureDataset(records, features, cfg, device), meta

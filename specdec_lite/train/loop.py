@@ -152,7 +152,7 @@ class TrainingLoop:
         """Load ``training_state.pt`` when there is one; True if it was there."""
         if not self.state_path.exists():
             return False
-        saved = torch.load(self.state_path, weights_only=False)
+        saved = torch.load(self.state_path, weights_only=False, map_location="cpu")  # copied to the model's device
         self.model.load_state_dict(saved["model"] if "model" in saved else saved["head"])  # "head": older files
         self.opt.load_state_dict(saved["optimizer"])
         self.step, self.log = saved["step"], saved["log"]
@@ -160,6 +160,8 @@ class TrainingLoop:
             self.generator = torch.Generator()
             self.generator.set_state(saved["generator"])
             torch.set_rng_state(saved["torch_rng"])
+        if saved.get("cuda_rng") is not None and torch.cuda.is_available():  # a run on a GPU draws its noise there
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])
         return True
 
     def checkpoint(self) -> None:
@@ -169,7 +171,9 @@ class TrainingLoop:
         if self.keep_state:
             torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
                         "log": self.log, "generator": self.generator.get_state(),
-                        "torch_rng": torch.get_rng_state()}, self.state_path)
+                        "torch_rng": torch.get_rng_state(),
+                        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None},
+                       self.state_path)
 
     def evaluate(self) -> dict:
         self.model.eval()
@@ -217,11 +221,14 @@ class TrainingLoop:
 
 
 def run_arguments(description: str, default_out, steps: int, argv=None, heads=None,
-                  lr: float | None = None) -> argparse.Namespace:
+                  lr: float | None = None, batch_size: int | None = None) -> argparse.Namespace:
     """The command line of a resumable training run that ships its model when it beats the shipped one: --out,
     --minutes, --steps, --threads (applied here) and --publish; with ``heads`` (the runs' names, the default
     first) also --head, and ``default_out`` is then a function of the head's name; with ``lr`` (the recipe's peak
-    learning rate) also --lr."""
+    learning rate) also --lr; with ``batch_size`` (the recipe's) also --batch-size, --device and --dtype (where
+    the target loads and trains: a larger batch is for a GPU). Publishing compares on the CPU."""
+    from ..core.models import DTYPE_HELP
+
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if heads:
         parser.add_argument("--head", choices=heads, default=heads[0], help=f"the run (default {heads[0]})")
@@ -232,11 +239,18 @@ def run_arguments(description: str, default_out, steps: int, argv=None, heads=No
     if lr is not None:
         parser.add_argument("--lr", type=float, default=lr, help=f"the peak learning rate (fixed at the first start; "
                                                                  f"default {lr})")
+    if batch_size is not None:
+        parser.add_argument("--batch-size", type=int, default=batch_size,
+                            help=f"records a step (fixed at the first start; default {batch_size})")
+        parser.add_argument("--device", default="cpu", help="where the target loads and the training runs")
+        parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--publish", action="store_true",
                         help="no training: compare the checkpoint with the head it must beat and ship it if it is "
                              "better")
     args = parser.parse_args(argv)
+    if args.publish and getattr(args, "device", "cpu") != "cpu":
+        parser.error("--publish compares the heads on the CPU: leave out --device")
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out = Path(args.out) if args.out else (default_out(args.head) if heads else default_out)
