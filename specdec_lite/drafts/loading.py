@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 from ..core.lm import model_device, static_state, tokenizer_of
-from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_REPLIES,
-                           EMBEDDED_EAGLE_SELF, EMBEDDED_TARGET, check_model_name, load_model, resolve_name)
+from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_DEEP_TTT,
+                           EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_TARGET, check_model_name, load_model,
+                           resolve_name)
 from ..core.tokenizers import check_tokenizers
 from ..paths import drafts_dir, is_head_dir
 from .heads import EagleDraft, MedusaDraft, check_head_target, load_head, read_head_config
@@ -108,7 +109,8 @@ def store_draft(target) -> DatastoreTreeDraft:
 def recommended_eagle(eagle_names: list[str]) -> str:
     """The EAGLE head the tree drafts use when none is named: for the embedded target the first shipped of
     ``RECOMMENDED_EAGLES``, for another target the first of ``eagle_names``. On prompts outside the benchmark's,
-    the two-layer head (``EMBEDDED_EAGLE_DEEP``) drafts more tokens a round than the one-layer head it grew from,
+    the two-layer head trained unrolled on a GPU (``EMBEDDED_EAGLE_DEEP_TTT``) drafts more tokens a round than the
+    one it started from (``EMBEDDED_EAGLE_DEEP``), which drafts more than the one-layer head it grew from,
     the head continued on the replies to the target's own requests (``EMBEDDED_EAGLE_SELF``), which drafts more than
     the one it started from (``EMBEDDED_EAGLE_REPLIES``), which drafts more than the first head; the
     EAGLE-3-style head (``EMBEDDED_EAGLE3``) fewer (docs/SPEED.md, "Which head the trees use"), so it is used only
@@ -117,7 +119,7 @@ def recommended_eagle(eagle_names: list[str]) -> str:
     return next((name for name in RECOMMENDED_EAGLES if name in eagle_names), eagle_names[0])
 
 
-RECOMMENDED_EAGLES = (EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_REPLIES,
+RECOMMENDED_EAGLES = (EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_REPLIES,
                       EMBEDDED_EAGLE)  # the embedded target's, best first
 
 

@@ -56,7 +56,7 @@ from ..paths import drafts_dir, repo_root
 from ..show import to_markdown
 from . import cards, corpus, eagle3, features
 from .heads import HeadTrainConfig, HeadTrainer, load_dataset
-from .loop import CONFIG_FILE, STATE_FILE, copy_checkpoint, read_config, require_checkpoint, run_arguments
+from .loop import CONFIG_FILE, copy_checkpoint, read_config, run_arguments
 
 STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_EAGLE_REPLIES,
           EMBEDDED_EAGLE_TTT: EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT2: EMBEDDED_EAGLE_TTT,
@@ -64,10 +64,15 @@ STARTS = {EMBEDDED_EAGLE_REPLIES: EMBEDDED_EAGLE, EMBEDDED_EAGLE_SELF: EMBEDDED_
 NAME = EMBEDDED_EAGLE_DEEP_TTT  # the newest run
 PEAK_LR = 5e-4  # the continued runs' peak learning rate, half the first head's (a run may set its own: --lr)
 UNROLL = 3  # drafting steps compared at publishing (eagle3.acceptance), and trained on by the unrolled runs
-UNROLLED = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2, EMBEDDED_EAGLE_DEEP_TTT}  # the runs trained with training-time
-# test
-SELF_MADE_ONLY = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2, EMBEDDED_EAGLE_DEEP}  # the runs on the replies to the target's own requests only: their
-# start has trained on the text before them, whose features would take far longer to extract
+UNROLLED = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2, EMBEDDED_EAGLE_DEEP_TTT}  # trained with training-time test
+SELF_MADE_ONLY = {EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2, EMBEDDED_EAGLE_DEEP}  # the runs on the replies to the
+# target's own requests only: their start has trained on the text before them, whose features would take far longer
+# to extract on a CPU
+TRAINED_ELSEWHERE = {EMBEDDED_EAGLE_DEEP_TTT: (
+    "--device cuda --dtype float32 --batch-size 64 --steps 6205",
+    "on an NVIDIA H200, where the minutes below were measured (the features were extracted there in 33 s); its "
+    "`training_state.pt` stayed there, so a later run warm-starts from the committed head")}  # a run made off this
+# machine: (its arguments beyond --head, where), for its card
 LAYERS = {EMBEDDED_EAGLE_DEEP: 2}  # decoder layers of a run that grows its start (the others keep its one)
 
 
@@ -148,7 +153,9 @@ def publish(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = N
         return comparison
     out_dir = copy_checkpoint(trainer.out_dir, drafts_dir() / name)
     index = corpus.load_index(corpus_dir)[trainer.cfg.first_record: trainer.cfg.records]
-    cards.head_card(out_dir, trainer, index, trained_by=f"`python -m specdec_lite.train.continued --head {name}`")
+    arguments, where = TRAINED_ELSEWHERE.get(name, ("", ""))
+    command = f"python -m specdec_lite.train.continued --head {name} {arguments}".strip()
+    cards.head_card(out_dir, trainer, index, trained_by=f"`{command}` {where}".strip())
     cards.append_comparison(out_dir, comparison, "`specdec_lite.train.continued.compare_heads`",
                             "the head it started from")
     print(f"published to {out_dir}: load_draft('{name}'), or a tree draft on it with tree_draft(name, target, "
@@ -160,8 +167,6 @@ def main(argv=None):
     args = run_arguments(__doc__, training_dir, 4000, argv, heads=[NAME, *sorted(set(STARTS) - {NAME})], lr=PEAK_LR,
                          batch_size=HeadTrainConfig.batch_size)
     out_dir = args.out
-    if args.publish:
-        require_checkpoint(out_dir, [STATE_FILE, CONFIG_FILE], "continued EAGLE head")
     target, _ = load_model(EMBEDDED_TARGET, args.device, args.dtype)
     if target.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # the head's products in TF32: several times float32's speed
