@@ -8,7 +8,7 @@ import torch
 
 import specdec_lite as sd
 from specdec_lite.core.batch_invariance import Float32Linear, SplitKLinear, is_batch_invariant, make_batch_invariant
-from specdec_lite.core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, auto_dtype,
+from specdec_lite.core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP_TTT, auto_dtype,
                                       cpu_has_native_bfloat16, has_native_bfloat16, native_dtypes)
 from specdec_lite import paths
 from specdec_lite.drafts.heads import read_head
@@ -171,8 +171,8 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     assert isinstance(auto, HybridTreeDraft) and isinstance(auto.head, DynamicTreeDraft)  # lookup + EAGLE-2 tree
     assert isinstance(auto.store, DatastoreTreeDraft) and len(auto.store.store) > 1_000_000  # + the target's replies
     assert auto.head.costs["v"][1] == 1.0 and auto.head.head_cost > 0  # measured on this machine as it loaded
-    recommended = read_head(paths.drafts_dir() / EMBEDDED_EAGLE_DEEP)[0].state_dict()  # the two-layer head
-    used = auto.head.eagle.head.state_dict()  # grown on replies to the target's own requests: drafts the most
+    recommended = read_head(paths.drafts_dir() / EMBEDDED_EAGLE_DEEP_TTT)[0].state_dict()  # two layers, unrolled
+    used = auto.head.eagle.head.state_dict()  # trained on a GPU on every reply: drafts the most
     assert all(torch.equal(used[k].float(), v.float()) for k, v in recommended.items())
     assert isinstance(load_draft("eagle-tree", model), EagleTreeDraft)
     other, _ = sd.load_model(str(local_pairs / "tiny-4l"), dtype="float32")

@@ -127,7 +127,8 @@ def test_bad_pairs_are_refused_with_what_to_do(pair, message):
 
 def test_heads_default_to_the_ones_trained_for_the_target(embedded, local_pairs):
     target, _ = embedded
-    assert heads_for(target) == ["smollm2-135m-eagle", "smollm2-135m-eagle-deep", "smollm2-135m-eagle-replies",
+    assert heads_for(target) == ["smollm2-135m-eagle", "smollm2-135m-eagle-deep", "smollm2-135m-eagle-deep-ttt",
+                                 "smollm2-135m-eagle-replies",
                                  "smollm2-135m-eagle-self", "smollm2-135m-eagle-ttt", "smollm2-135m-eagle-ttt2",
                                  "smollm2-135m-eagle3", "smollm2-135m-medusa"]
     tiny, _ = load_model(str(local_pairs / "tiny-1l"), device="cpu", dtype="float32")
