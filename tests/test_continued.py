@@ -206,7 +206,7 @@ def test_a_new_run_takes_its_peak_learning_rate_from_the_command_line_and_a_resu
 
 def test_a_run_on_no_newer_record_holds_out_what_its_start_held_out(shipped):
     """A start trained on the whole corpus as it is now leaves no unseen records: the run holds out the start's own
-    held-out ones, which no head before it trained on, and takes its batch size from the command line."""
+    held-out ones, which no head before it trained on, and the batch size it is given."""
     target, root = shipped
     start = root / "data" / "drafts" / "whole-corpus"
     good = trainer(target, root, "whole-corpus-run", config(root, steps=1, heldout=[1, 4]))

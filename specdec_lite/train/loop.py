@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..core.models import DTYPE_HELP
+
 STATE_FILE = "training_state.pt"
 LOG_FILE = "training_log.jsonl"
 CONFIG_FILE = "training_config.json"
@@ -227,8 +229,6 @@ def run_arguments(description: str, default_out, steps: int, argv=None, heads=No
     first) also --head, and ``default_out`` is then a function of the head's name; with ``lr`` (the recipe's peak
     learning rate) also --lr; with ``batch_size`` (the recipe's) also --batch-size, --device and --dtype (where
     the target loads and trains: a larger batch is for a GPU). Publishing compares on the CPU."""
-    from ..core.models import DTYPE_HELP
-
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if heads:
         parser.add_argument("--head", choices=heads, default=heads[0], help=f"the run (default {heads[0]})")
