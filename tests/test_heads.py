@@ -215,6 +215,23 @@ def test_a_deeper_layer_starts_as_the_identity():
     assert not torch.allclose(two(features, embeddings, positions), one(features, embeddings, positions), atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_heads_rotary_embedding_is_the_llama_targets(dtype):
+    """A head layer rotates its queries and keys as transformers' Llama does (its own rotary embedding and
+    ``apply_rotary_pos_emb``), at any positions, once the tables are made for them."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, rope_theta=50000.0)
+    positions = torch.tensor([0, 3, 4, 4, 17, 300])
+    q, k = torch.randn(2, 1, 4, len(positions), 16, dtype=dtype)
+    cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
+    expected = apply_rotary_pos_emb(q, k, cos, sin)
+    rotary = heads.rotary_tables(positions, 16, 50000.0, dtype)
+    for ours, theirs in zip((heads.rotate(q, rotary), heads.rotate(k, rotary)), expected):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-2)
+
+
 def test_kv_cache_crop_and_append():
     cache = heads.KVCache()
     k = torch.randn(1, 2, 5, 4)

@@ -98,3 +98,26 @@ def test_a_head_on_a_packed_target_drafts_with_packed_linears(local_pairs):
         cfg = head_config_for(target, "eagle")
         draft = make_drafter(EagleHead(cfg), cfg, target)
         assert has_packed_linears(draft.head) == has_packed_linears(target) == (packed_linears is None)
+        assert isinstance(draft.output.product, PackedLinear) == (packed_linears is None)
+
+
+@pytest.mark.parametrize("vocab_ids", [None, torch.tensor([5, 0, 17, 3])])
+def test_the_heads_output_layer_is_the_targets_own_product_packed_or_not(local_pairs, vocab_ids):
+    """The drafters' output layer (``OutputLayer.sub_logits``) computes the target's output product over its
+    sub-vocabulary, packed where the target is, from the target's weights as they are (no copy in between)."""
+    import specdec_lite as sd
+    from specdec_lite.drafts.heads import OutputLayer
+
+    target, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="float32")
+    weight = target.get_output_embeddings().weight.detach()
+    vocab = weight.shape[0]
+    output = OutputLayer(target, vocab, vocab_ids)
+    assert isinstance(output.product, PackedLinear)
+    hidden = torch.randn(3, weight.shape[1])
+    expected = hidden @ (weight if vocab_ids is None else weight[vocab_ids]).T
+    with torch.inference_mode():
+        torch.testing.assert_close(output.sub_logits(hidden), expected, rtol=1e-5, atol=1e-5)
+        full = output.logits(hidden[0])
+    kept = torch.arange(vocab) if vocab_ids is None else vocab_ids
+    torch.testing.assert_close(full[kept], expected[0], rtol=1e-5, atol=1e-5)
+    assert torch.isinf(full).sum() == vocab - len(kept)

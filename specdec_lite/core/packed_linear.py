@@ -67,6 +67,16 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def linear_on(weight: torch.Tensor, bias: torch.Tensor | None = None, packed: bool = False) -> nn.Module:
+    """x -> x @ weight.T (+ bias) as a module on these very tensors (no gradient to them): an ``nn.Linear``, or,
+    with ``packed`` (for a model whose linear layers run packed, ``has_packed_linears``), a ``PackedLinear``."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias, requires_grad=False)
+    return PackedLinear(linear) if packed else linear
+
+
 def pack_linears(model: nn.Module) -> int:
     """Replace every ``nn.Linear`` of ``model`` (on the CPU, in a dtype ``can_pack``) by a ``PackedLinear``, in
     place; returns how many. Raises, before changing anything, where oneDNN cannot run the model's linears."""

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..core.drafter import Drafter, draw
 from ..core.lm import selected_hidden, usable_vocab_size
-from ..core.packed_linear import has_packed_linears, pack_linears
+from ..core.packed_linear import has_packed_linears, linear_on, pack_linears
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 from ..paths import HEAD_CONFIG, is_head_dir
 from .fingerprint import same_weights, weights_fingerprint, weights_probe
@@ -119,12 +119,18 @@ class HeadCache:
             cache.crop(length)
 
 
-def rotate(x, positions, theta: float):
-    """Rotary position embedding (rotate-half layout) of x (B, heads, n, d) at integer positions (n,)."""
-    d = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+def rotary_tables(positions, d: int, theta: float, dtype) -> tuple:
+    """(cos, sin), each (n, d), of the rotary position embedding (rotate-half layout) at integer positions (n,):
+    computed once per head forward and shared by its layers' queries and keys."""
+    inv_freq = theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)
     angles = positions.float()[:, None] * inv_freq[None, :]  # (n, d/2)
-    cos, sin = angles.cos().repeat(1, 2).to(x.dtype), angles.sin().repeat(1, 2).to(x.dtype)
+    return angles.cos().repeat(1, 2).to(dtype), angles.sin().repeat(1, 2).to(dtype)
+
+
+def rotate(x, rotary: tuple):
+    """x (B, heads, n, d) rotated by the tables ``rotary_tables`` made for its n positions."""
+    cos, sin = rotary
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -141,10 +147,15 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x, positions, cache: KVCache | None = None, allowed: torch.Tensor | None = None):
-        """x (B, n, H) at ``positions`` (n,); with a cache, the new entries are appended and new token j sees the
-        cache and the new tokens up to itself, or what ``allowed`` (n, cache length after appending) says."""
-        q, k, v = self.project(x, positions)
+    def rotary(self, positions, dtype) -> tuple:
+        """The rotary tables (``rotary_tables``) of this layer's heads at ``positions`` (n,)."""
+        return rotary_tables(positions, self.qkv.in_features // self.heads, self.theta, dtype)
+
+    def forward(self, x, rotary: tuple, cache: KVCache | None = None, allowed: torch.Tensor | None = None):
+        """x (B, n, H) at the positions the tables ``rotary`` were made for; with a cache, the new entries are
+        appended and new token j sees the cache and the new tokens up to itself, or what ``allowed`` (n, cache
+        length after appending) says."""
+        q, k, v = self.project(x, rotary)
         if cache is None:
             return self.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
         k, v = cache.append(k, v)
@@ -153,11 +164,11 @@ class DecoderLayer(nn.Module):
             allowed = torch.arange(T, device=x.device)[None, :] <= (T - n + torch.arange(n, device=x.device))[:, None]
         return self.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
 
-    def project(self, x, positions):
-        """Queries, keys and values (B, heads, n, d) of x (B, n, H), rotated to their positions."""
+    def project(self, x, rotary: tuple):
+        """Queries, keys and values (B, heads, n, d) of x (B, n, H), rotated to their positions (``rotary``)."""
         B, n, H = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(B, n, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
-        return rotate(q, positions, self.theta), rotate(k, positions, self.theta), v
+        return rotate(q, rotary), rotate(k, rotary), v
 
     def finish(self, x, attended):
         """The residual stream after the attention output ``attended`` (B, heads, n, d) and the MLP."""
@@ -198,8 +209,9 @@ class EagleHead(nn.Module):
     def forward(self, features, token_embeddings, positions, cache: HeadCache | None = None, allowed=None):
         x = self.inputs(features, token_embeddings)
         caches = cache.layers if cache is not None else [None] * len(self.layers)
+        rotary = self.layer.rotary(positions, x.dtype)  # every layer has the same heads
         for layer, layer_cache in zip(self.layers, caches):
-            x = layer(x, positions, layer_cache, allowed)
+            x = layer(x, rotary, layer_cache, allowed)
         return self.prediction(x)
 
     def inputs(self, features, token_embeddings):
@@ -222,12 +234,13 @@ class EagleHead(nn.Module):
         at step k, positions below k mean nothing."""
         n = features.shape[1]
         positions = torch.arange(n, device=features.device)
+        rotary = self.layer.rotary(positions, features.dtype)
         keys, values = [[] for _ in self.layers], [[] for _ in self.layers]  # per layer, per step
         out, fed = [], features
         for k in range(steps):
             x = self.inputs(fed, token_embeddings)
             for layer, layer_keys, layer_values in zip(self.layers, keys, values):
-                q, key, value = layer.project(x, positions)
+                q, key, value = layer.project(x, rotary)
                 layer_keys.append(key)
                 layer_values.append(value)
                 attended = F.scaled_dot_product_attention(q, torch.cat(layer_keys, 2), torch.cat(layer_values, 2),
@@ -307,10 +320,10 @@ class OutputLayer:
         self.weight = weight[:vocab_size] if vocab_ids is None else weight[self.vocab_ids]  # (S, H)
         bias = getattr(target.get_output_embeddings(), "bias", None)
         self.bias = None if bias is None else (bias[:vocab_size] if vocab_ids is None else bias[self.vocab_ids])
+        self.product = linear_on(self.weight, self.bias, packed=has_packed_linears(target))  # as the target's run
 
     def sub_logits(self, hidden):  # (..., H) -> (..., S)
-        out = hidden.to(self.weight.dtype) @ self.weight.T
-        return out if self.bias is None else out + self.bias
+        return self.product(hidden.to(self.weight.dtype))
 
     def sub_to_full(self, index):
         """Token ids of sub-vocabulary indices."""

@@ -204,7 +204,7 @@ def best_budget(confidences, draft_cost: float, verify_cost) -> tuple[int, float
     forward over n tokens in decode steps, v(n) as measured on the machine; ``draft_cost``: the round's drafting,
     in decode steps."""
     expected = 1 + torch.cat([torch.zeros(1), torch.as_tensor(confidences).sort(descending=True).values.cumsum(0)])
-    speed = [float(e) / (draft_cost + verify_cost(n + 1)) for n, e in enumerate(expected)]
+    speed = [e / (draft_cost + verify_cost(n + 1)) for n, e in enumerate(expected.tolist())]
     n = max(range(len(speed)), key=speed.__getitem__)
     return n, speed[n]
 
@@ -237,7 +237,8 @@ class DynamicTreeDraft(Drafter):
             raise TypeError(f"DynamicTreeDraft wraps an EagleDraft, got {type(eagle).__name__}")
         if top_k < 1 or head_cost < 0:
             raise ValueError(f"need top_k >= 1 and head_cost >= 0, got {top_k}, {head_cost}")
-        self.eagle, self.verify_cost, self.head_cost, self.top_k = eagle, verify_cost, head_cost, top_k
+        self.eagle, self.head_cost, self.top_k = eagle, head_cost, top_k
+        self.verify_cost = functools.lru_cache(maxsize=None)(verify_cost)  # asked for the same n every round
         self.costs = costs  # what the costs were measured from (``measured_dynamic_tree``), for reports
         self.vocab_size, self.feature_layers = eagle.vocab_size, eagle.feature_layers
 
