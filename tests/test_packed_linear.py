@@ -101,18 +101,20 @@ def test_a_head_on_a_packed_target_drafts_with_packed_linears(local_pairs):
         assert isinstance(draft.output.product, PackedLinear) == (packed_linears is None)
 
 
+@pytest.mark.parametrize("packed_linears", [None, False])
 @pytest.mark.parametrize("vocab_ids", [None, torch.tensor([5, 0, 17, 3])])
-def test_the_heads_output_layer_is_the_targets_own_product_packed_or_not(local_pairs, vocab_ids):
+def test_the_heads_output_layer_is_the_targets_own_product_packed_or_not(local_pairs, vocab_ids, packed_linears):
     """The drafters' output layer (``OutputLayer.sub_logits``) computes the target's output product over its
-    sub-vocabulary, packed where the target is, from the target's weights as they are (no copy in between)."""
+    sub-vocabulary, packed where the target's layers are and as ``nn.Linear`` where they are not."""
     import specdec_lite as sd
     from specdec_lite.drafts.heads import OutputLayer
 
-    target, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="float32")
+    target, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="float32",
+                              packed_linears=packed_linears)
     weight = target.get_output_embeddings().weight.detach()
     vocab = weight.shape[0]
     output = OutputLayer(target, vocab, vocab_ids)
-    assert isinstance(output.product, PackedLinear)
+    assert isinstance(output.product, PackedLinear) == (packed_linears is None)
     hidden = torch.randn(3, weight.shape[1])
     expected = hidden @ (weight if vocab_ids is None else weight[vocab_ids]).T
     with torch.inference_mode():
