@@ -115,3 +115,15 @@ def test_the_store_of_the_embedded_target_holds_its_replies_only(embedded):
     reply_tokens = sum(e["gen_len"] for e, _ in records)
     assert len(store) == reply_tokens + len(records)
     assert int((store.tokens[: len(store)] == SEPARATOR).sum()) == len(records)
+
+
+def test_the_default_store_reads_the_records_it_was_benchmarked_with(embedded):
+    """The corpus grows as training text; the store reads its first STORE_RECORDS records only."""
+    model, _ = embedded
+    from specdec_lite.drafts.datastore import STORE_RECORDS
+    from specdec_lite.train import corpus
+
+    records = corpus.load_records()
+    assert len(records) > STORE_RECORDS
+    first = records[:STORE_RECORDS]
+    assert len(Datastore.from_corpus(model)) == sum(e["gen_len"] for e, _ in first) + len(first)
