@@ -127,3 +127,15 @@ def test_the_default_store_reads_the_records_it_was_benchmarked_with(embedded):
     assert len(records) > STORE_RECORDS
     first = records[:STORE_RECORDS]
     assert len(Datastore.from_corpus(model)) == sum(e["gen_len"] for e, _ in first) + len(first)
+
+
+def test_the_default_store_counts_the_records_of_its_own_target(local_pairs, monkeypatch):
+    """A target that appended its replies after the embedded target's STORE_RECORDS still finds them."""
+    from specdec_lite.drafts import datastore
+
+    other, _ = sd.load_model(str(local_pairs / "tiny-4l"), dtype="float32")
+    embedded_records = [({"target": "smollm2-135m-instruct", "prompt_len": 2}, np.array([1, 2, 3]))] * 3
+    own = ({"target": "tiny-4l", "prompt_len": 2, "gen_len": 3}, np.array([5, 6, 7, 8, 9]))
+    monkeypatch.setattr(datastore, "STORE_RECORDS", 2)
+    monkeypatch.setattr(datastore, "load_records", lambda: embedded_records + [own])
+    assert len(Datastore.from_corpus(other)) == own[0]["gen_len"] + 1

@@ -27,8 +27,9 @@ from ..core.tree import Tree, TreeBuilder
 from .trees import root_builder
 
 SEPARATOR = -1  # between records in the store: no continuation runs from one record into the next
-STORE_RECORDS = 20_227  # the corpus's first records, the ones the store was benchmarked with (03_task_acceptance);
-# the records appended since are training text for the heads: a store over all 30,467 drafted fewer tokens a round
+STORE_RECORDS = 20_227  # a target's first records in the corpus, for the embedded target those the store was
+# benchmarked with (03_task_acceptance); the records appended since are training text for the heads: a store over
+# all 30,467 drafted fewer tokens a round
 # ("auto", 16 prompts outside the benchmark, 96 tokens: tau 2.61 against 2.78 greedy, 1.77 against 1.84 at T = 1)
 
 
@@ -72,10 +73,12 @@ class Datastore:
     def from_corpus(cls, target, records=None, key_length: int = 24) -> "Datastore":
         """The target's replies in the target-made corpus (``train.corpus``: ``data/target_text``), refused for a
         target that did not write them (another tokenizer's ids would mean nothing). ``records``: the corpus's
-        (index entry, token ids) pairs, by default its first ``STORE_RECORDS`` (``load_records``)."""
+        (index entry, token ids) pairs, by default the first ``STORE_RECORDS`` the target wrote (``load_records``)."""
+        limit = None
         if records is None:
+            limit = STORE_RECORDS
             try:
-                records = load_records()[:STORE_RECORDS]
+                records = load_records()
             except FileNotFoundError:  # an installed package without a checkout: no corpus
                 records = []
         name = getattr(getattr(target, "config", None), "_name_or_path", None) or ""
@@ -86,6 +89,7 @@ class Datastore:
                              "tokens; write some with `python -m specdec_lite.train.corpus --target <it>` or build "
                              "one with Datastore([token id arrays])")
         replies = [ids[entry["prompt_len"]:] for entry, ids in records if _same_model(name, entry.get("target"))]
+        replies = replies[:limit]
         return cls(replies, key_length)
 
     def __len__(self) -> int:
