@@ -112,6 +112,11 @@ def selected_hidden(hidden_states: tuple, layers: tuple) -> torch.Tensor:
     return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward's name for the KV cache: transformers 5.24 renamed ``past_key_values`` to ``cache``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     """Where a model takes its input: its input embeddings' device (models split over devices included)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -133,9 +138,7 @@ class HFCausalLM:
             self.max_length = min(self.max_length or self.static.max_length, self.static.max_length)
             self.context_name = f"the static cache's {self.static.max_length} preallocated tokens"
         self.cache: DynamicCache | StaticCache | None = None
-        # transformers 5.24 renamed the forward's ``past_key_values`` to ``cache``; take whichever this one has
-        params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = cache_keyword(model)
         self.length = 0
         self.batch_size = 0
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import at_least_float32
+from .sampling import at_least_float32, sample
 from .verify import EXACT_RULE, Rule
 
 
@@ -156,7 +156,7 @@ def verify_tree(tree: Tree, p: torch.Tensor, generator: torch.Generator | None =
                 break
             r = rule.residual(r, q_c)  # rejected: the next sibling competes for what is left
         else:  # every child rejected, or a leaf: emit from what is left (the bonus token at a leaf)
-            return path, int(torch.multinomial(r, 1, generator=generator))
+            return path, int(sample(r, generator))
 
 
 def verify_tree_greedy(tree: Tree, target_argmax: torch.Tensor) -> tuple[list[int], int]:

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from .sampling import at_least_float32
+from .sampling import at_least_float32, sample
 
 
 def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -110,7 +110,7 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     # 3) the next token: from norm((p - q)+) at the first rejection; from p[:, gamma] (q row = 0) after all
     p_next = p[rows, num_accepted]  # (B, V)
     q_next = _draft_row_at(draft_tokens, q, num_accepted, V, p.dtype)  # (B, V), zeros at the bonus position
-    next_token = torch.multinomial(rule.residual(p_next, q_next), 1, generator=generator).squeeze(-1)
+    next_token = sample(rule.residual(p_next, q_next), generator)
     return num_accepted, next_token
 
 

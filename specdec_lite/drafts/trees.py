@@ -36,7 +36,7 @@ import torch
 
 from ..core.drafter import Drafter, confidence_of, stops_here
 from ..core.lm import HFCausalLM, as_language_model
-from ..core.sampling import SamplingParams, probs_from_logits
+from ..core.sampling import SamplingParams, probs_from_logits, sample
 from ..core.timing import forward_seconds, relative_to_one_token, timed, v_at
 from ..core.tree import Tree, TreeBuilder
 from .heads import EagleDraft
@@ -136,7 +136,7 @@ class EagleTreeDraft(Drafter):
         left, nodes, tokens = probs_from_logits(logits, sampling), [], []
         for _ in range(min(self.width, int((left > 0).sum()))):
             q = left / left.sum()  # the law of this sibling, given the earlier ones
-            tokens.append(int(torch.multinomial(q, 1, generator=generator)))
+            tokens.append(int(sample(q, generator)))
             nodes.append(builder.add(parent, tokens[-1], q))
             left = q.clone()
             left[tokens[-1]] = 0.0
@@ -494,7 +494,7 @@ class SampledTreeDraft(Drafter):
             nxt = []
             for node, context in frontier:
                 q = self.q_after(context, sampling)
-                for token in torch.multinomial(q, self.width, replacement=True, generator=generator).tolist():
+                for token in sample(q.expand(self.width, -1), generator).tolist():  # i.i.d.
                     child = builder.add(node, token, q)
                     nxt.append((child, torch.cat([context, torch.tensor([token])])))
             frontier = nxt

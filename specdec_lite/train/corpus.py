@@ -26,16 +26,18 @@ The template batches cycle temperatures 0, 0.7 and 1 with top_p 0.95 (and, befor
 transformers' default top_k of 50). The harvested and self-made prompts are answered greedily and at T=1 (plain
 sampling: top_p 1, no top_k) in turn for each family, a family per batch (``family_batches``).
 
-Speed (reply tokens written a second by ``model.generate`` on the embedded target, 2-core AMD EPYC with
-AVX512-BF16, greedy, 192 new tokens at most; measured on a machine shared with other work, so roughly):
-bfloat16 as it is (``batch_invariant=False``) 252 at batch 16 against float32's 31; batch 32: 410, 64: 481;
-batches of one family: +12% at batch 32 (460), and +20% per CPU second at batch 16 on one thread (140 against
-117, greedy and T=1). Hence the command above: bfloat16, batch 64.
-On a 2-core Xeon with AMX, bfloat16: one forward step of 64 rows with a warm cache writes 578 tokens/s (128 rows:
-771), ``generate`` over rows of equal length 319 (128 rows: 373; a static cache no faster), and the command above
-190-240 a second on a quiet machine (534,856 reply tokens in 68 minutes, part of them shared with other work):
-the rows of a batch end at different lengths, so about a third of the row-steps are idle. transformers'
-continuous batching (``generate_batch``) wrote 151 tokens/s on this CPU.
+Speed (reply tokens written a second on the embedded target, 192 new tokens at most). Earlier runs used
+``model.generate`` a batch at a time: on a 2-core AMD EPYC with AVX512-BF16 (a shared machine, so roughly), bfloat16
+as it is (``batch_invariant=False``) 252 at batch 16 against float32's 31; batch 32: 410, 64: 481; batches of one
+family +12% at batch 32. On a 2-core Xeon with AMX, bfloat16: one forward step of 64 rows with a warm cache 578
+tokens/s, ``generate`` over rows of equal length 319, and the command above 190-240 a second: a batch's rows end at
+different lengths, so about a third of the row-steps were idle (transformers' continuous batching,
+``generate_batch``, wrote 151 tokens/s there). Hence ``refill.RefillingSampler``, which gives a row the next prompt
+as soon as its reply ends, and ``core.sampling.sample`` by inverse transform (``torch.multinomial`` took about 1 ms
+a row of a T=1 batch). Same 384 harvested prompts, same 2-core AMD EPYC, one run: ``generate`` batches of 64 wrote
+208.5 tokens/s, the refilling sampler 243.1 (1.17x; both including the last rows' drain); the command above for 10
+minutes then 224 a second over its whole wall time (158,895 reply tokens in 11.8 minutes, loading, harvesting the
+prompts and the drain included).
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ import torch
 from .. import paths
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..drafts.datastore import load_index, load_records  # the corpus readers: the retrieval draft reads it too
+from .refill import RefillingSampler
 
 TEMPERATURES = (0.0, 0.7, 1.0)  # cycled over records: greedy text for greedy acceptance, sampled for variety
 SOURCE_TEMPERATURES = (0.0, 1.0)  # the harvested prompts: greedy and plain sampling, as in the evaluation
@@ -232,8 +235,10 @@ def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens
                     max_minutes: float | None = None, families=None, sources: bool = False,
                     self_made: bool = False) -> int:
     """Append target-written replies to ``out_dir`` until ``budget_tokens`` new reply tokens are written (or
-    ``max_minutes`` have passed; the batch under way is finished first). Returns the number written.
-    By default the prompts are the template-made ones, each batch at one temperature (cycled over
+    ``max_minutes`` have passed; the replies under way are finished first). Returns the number written.
+    The replies are written by ``refill.RefillingSampler``, ``batch_size`` rows at a time, each row taking the
+    next prompt as soon as its reply ends. By default the prompts are the template-made ones, a batch's worth of
+    prompts at one temperature in turn (cycled over
     ``TEMPERATURES``, ``top_p`` 0.95 unless given); ``sources=True`` answers the prompts harvested from installed
     files instead (``sources.harvest_prompts``, batched by ``family_batches``: greedy and T=1 in turn, ``top_p``
     1 unless given); ``self_made=True`` answers, in the same way, the prompts made from the requests the
@@ -263,49 +268,30 @@ def generate_corpus(model, tokenizer, out_dir: Path | None = None, budget_tokens
         raise ValueError(f"no prompts left to answer for families {families}; every one is in {out_dir}")
     harvested = sources or self_made
     top_p = top_p if top_p is not None else (1.0 if harvested else 0.95)
-    batch_no = len(done_ids) // batch_size
-    batches = family_batches(todo, batch_size, done) if harvested else cycled_batches(todo, batch_size, batch_no)
-    written = 0
+    batches = (family_batches(todo, batch_size, done) if harvested
+               else cycled_batches(todo, batch_size, len(done_ids) // batch_size))
+    requests = ((prompt, temperature) for batch, temperature in batches for prompt in batch)
+    sampler = RefillingSampler(model, tokenizer, batch_size, max_new_tokens, top_p,
+                               seed=seed * 1_000_003 + len(done))  # a resumed run draws afresh
+    written, entries, arrays = 0, [], []
     bar = progress_bar(total=budget_tokens, desc="target-made tokens", disable=not progress)
     started = time.monotonic()
-    for batch, temperature in batches:
-        if written >= budget_tokens or (max_minutes is not None and time.monotonic() - started > 60 * max_minutes):
-            break
-        batch_no += 1
-        torch.manual_seed(seed * 1_000_003 + batch_no)
-        entries, arrays = _answer(model, tokenizer, batch, temperature, max_new_tokens, top_p)
-        for entry in entries:
-            entry.update(seed=seed, target=target_name)
+    out_of_time = lambda: max_minutes is not None and time.monotonic() - started > 60 * max_minutes
+    for prompt, temperature, prompt_ids, reply in sampler.run(requests, stop=lambda: written >= budget_tokens
+                                                                or out_of_time()):
+        entries.append({**prompt, "prompt_len": len(prompt_ids), "gen_len": len(reply), "temperature": temperature,
+                        "top_p": top_p if temperature > 0 else 1.0, "top_k": 0,
+                        "dtype": str(model.dtype).removeprefix("torch."), "seed": seed, "target": target_name})
+        arrays.append(np.array(prompt_ids + reply))
+        written += len(reply)
+        bar.update(len(reply))
+        if len(entries) >= batch_size:  # appended a batch's worth at a time: a stopped run loses at most the rows
+            _append(out_dir, entries, arrays)  # under way
+            entries, arrays = [], []
+    if entries:
         _append(out_dir, entries, arrays)
-        new = sum(e["gen_len"] for e in entries)
-        written += new
-        bar.update(new)
     bar.close()
     return written
-
-
-def _answer(model, tokenizer, batch: list[dict], temperature: float, max_new_tokens: int, top_p: float):
-    """(index entries, token ids) of the target's replies to one batch of prompts, in one ``generate`` call
-    (left-padded; a reply ends at its first end-of-sequence token)."""
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
-                                           add_generation_prompt=True, tokenize=False) for p in batch]
-    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
-                    add_special_tokens=False).to(model.device)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sampling = (dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0
-                else dict(do_sample=False))  # top_k=0: transformers' default would keep 50
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
-    entries, arrays = [], []
-    for row, p in enumerate(batch):
-        prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].cpu().numpy()
-        reply = out[row, enc["input_ids"].shape[1]:].cpu().numpy()
-        eos_at = np.nonzero(reply == tokenizer.eos_token_id)[0]
-        reply = reply[: eos_at[0] + 1] if len(eos_at) else reply
-        entries.append({**p, "prompt_len": len(prompt_ids), "gen_len": len(reply), "temperature": temperature,
-                        "top_p": top_p if temperature > 0 else 1.0, "top_k": 0,
-                        "dtype": str(model.dtype).removeprefix("torch.")})
-        arrays.append(np.concatenate([prompt_ids, reply]))
-    return entries, arrays
 
 
 def main(argv=None):
