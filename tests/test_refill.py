@@ -160,3 +160,15 @@ def test_bad_settings_are_refused_before_any_work(tiny):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match="batch_size and max_new_tokens must be >= 1"):
         RefillingSampler(model, tokenizer, batch_size=0)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        RefillingSampler(model, tokenizer, top_p=0.0)
+
+
+def test_a_model_with_sliding_window_layers_is_refused_before_any_work(embedded):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    _, tokenizer = embedded
+    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    with pytest.raises(NotImplementedError, match="cannot be refilled row by row"):
+        RefillingSampler(MistralForCausalLM(config).eval(), tokenizer)

@@ -38,8 +38,10 @@ class RefillingSampler:
                  refill_at: int | None = None, seed: int = 0):
         if batch_size < 1 or max_new_tokens < 1:
             raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}")
+        SamplingParams(top_p=top_p)  # refuses a top_p outside (0, 1] before any work
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.max_new_tokens, self.top_p = batch_size, max_new_tokens, top_p
+        check_layers(DynamicCache(config=model.config))  # refused before any work
         self.refill_at = refill_at or max(1, batch_size // 8)  # free rows that trigger a refill (a refill copies)
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
@@ -79,7 +81,6 @@ class RefillingSampler:
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1, **{self.cache_keyword: cache})
-        check_layers(cache)
         rows = free[: len(batch)]
         if self.cache is None:  # the first batch makes the cache
             self.cache, self.rows = cache, [None] * len(batch)
