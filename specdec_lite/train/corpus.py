@@ -37,7 +37,8 @@ as soon as its reply ends, and ``core.sampling.sample`` by inverse transform (``
 a row of a T=1 batch). Same 384 harvested prompts, same 2-core AMD EPYC, one run: ``generate`` batches of 64 wrote
 208.5 tokens/s, the refilling sampler 243.1 (1.17x; both including the last rows' drain); the command above for 10
 minutes then 224 a second over its whole wall time (158,895 reply tokens in 11.8 minutes, loading, harvesting the
-prompts and the drain included).
+prompts and the drain included), and for 42 minutes 635,157 reply tokens, 248 a second (its first 10 minutes shared
+with other work; 262 a second over the 20 quiet minutes in its middle).
 """
 from __future__ import annotations
 
