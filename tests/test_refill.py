@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
-from specdec_lite.train.refill import RefillingSampler, chat_ids
+from specdec_lite.repro.tasks import chat_ids
+from specdec_lite.train.refill import RefillingSampler
 
 from conftest import tiny_llama
 
@@ -21,6 +22,7 @@ class StopAt:
 
     def __init__(self, tokenizer, eos: int):
         self.tokenizer, self.eos_token_id, self.pad_token_id = tokenizer, eos, tokenizer.pad_token_id
+        self.chat_template = tokenizer.chat_template
 
     def __call__(self, *args, **kwargs):
         return self.tokenizer(*args, **kwargs)
@@ -45,7 +47,7 @@ def tiny(embedded):
 
 
 def greedy_reference(model, tokenizer, prompt: str, max_new_tokens: int, eos: int) -> list[int]:
-    ids = torch.tensor([chat_ids(tokenizer, prompt)])
+    ids = chat_ids(tokenizer, prompt)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=eos, pad_token_id=eos)[0, ids.shape[1]:].tolist()
     return out[: out.index(eos) + 1] if eos in out else out
@@ -70,7 +72,7 @@ def test_greedy_replies_equal_generate_one_prompt_at_a_time_while_rows_refill(ti
     lengths = {len(reply) for _, _, _, reply in replies}
     assert min(lengths) < 16 in lengths  # some replies ended early: their rows were refilled while others ran
     for request, temperature, prompt_ids, reply in replies:
-        assert prompt_ids == chat_ids(tokenizer, request["prompt"])
+        assert prompt_ids == chat_ids(tokenizer, request["prompt"])[0].tolist()
         assert len(reply) <= 16 and (reply[-1] == eos or len(reply) == 16) and eos not in reply[:-1]
         if temperature == 0:  # beside sampled rows
             assert reply == greedy_reference(model, tokenizer, request["prompt"], 16, eos), request
@@ -90,7 +92,7 @@ def two_token_law(model, tokenizer, prompt: str, positions_shift: int = 0, floor
     """The exact law of the first two reply tokens at T = 1 (first tokens below ``floor`` left out: their mass
     goes to the chi-square's merged cell); ``positions_shift`` moves the second token's position (a broken
     sampler's law, for the power)."""
-    ids = torch.tensor([chat_ids(tokenizer, prompt)])
+    ids = chat_ids(tokenizer, prompt)
     with torch.no_grad():
         p1 = model(ids).logits[0, -1].double().softmax(-1)
         law = {}

@@ -117,6 +117,14 @@ def cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def check_full_attention(cache, layer_kind: type, model: torch.nn.Module, why: str) -> None:
+    """Refuse a cache with layers other than ``layer_kind`` (sliding window or linear attention): they ``why``."""
+    for layer in cache.layers:
+        if type(layer) is not layer_kind:
+            raise NotImplementedError(f"{type(model).__name__} uses {type(layer).__name__} cache layers (sliding "
+                                      f"window or linear attention), which {why}; use a full-attention model")
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     """Where a model takes its input: its input embeddings' device (models split over devices included)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -148,12 +156,8 @@ class HFCausalLM:
 
     def reset(self, batch_size: int) -> None:
         self.cache = self._static_cache(batch_size) if self.static else DynamicCache(config=self.model.config)
-        layer_kind = StaticLayer if self.static else DynamicLayer
-        for layer in self.cache.layers:
-            if type(layer) is not layer_kind:
-                raise NotImplementedError(
-                    f"{type(self.model).__name__} uses {type(layer).__name__} cache layers (sliding window or "
-                    "linear attention), which cannot be rolled back exactly; use a full-attention model")
+        check_full_attention(self.cache, StaticLayer if self.static else DynamicLayer, self.model,
+                             "cannot be rolled back exactly")
         self.length = 0
         self.batch_size = batch_size
 

@@ -113,7 +113,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     if not bool((totals > 0).all()) or not bool(torch.isfinite(totals).all()):
         raise ValueError("cannot sample: a row of probabilities sums to 0 or is not finite (check the logits for "
                          "NaN, or a filter such as top_k/top_p that removed every token)")
+    # u < 1, and a product with a number below 1 never rounds up to the other factor: u < total, so the draw is
+    # never past the last token of positive weight
     u = torch.rand(flat.shape[0], 1, generator=generator, device=flat.device, dtype=torch.float64) * totals
-    drawn = torch.searchsorted(cumulative, u, right=True)
-    last_positive = flat.shape[-1] - 1 - (flat > 0).flip(-1).int().argmax(-1, keepdim=True)
-    return torch.minimum(drawn, last_positive).reshape(probs.shape[:-1])  # u * total rounded up to the total
+    return torch.searchsorted(cumulative, u, right=True).reshape(probs.shape[:-1])

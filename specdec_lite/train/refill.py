@@ -20,15 +20,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ..core.lm import cache_keyword
+from ..core.lm import cache_keyword, check_full_attention
 from ..core.sampling import SamplingParams, probs_from_logits, sample
-
-
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """The token ids the target reads for one user message: its chat template with the assistant's turn opened."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+from ..repro.tasks import chat_ids
+from .batching import padded
 
 
 class RefillingSampler:
@@ -41,7 +36,7 @@ class RefillingSampler:
         SamplingParams(top_p=top_p)  # refuses a top_p outside (0, 1] before any work
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.max_new_tokens, self.top_p = batch_size, max_new_tokens, top_p
-        check_layers(DynamicCache(config=model.config))  # refused before any work
+        check_full_attention(DynamicCache(config=model.config), DynamicLayer, model, "cannot be refilled row by row")
         self.refill_at = refill_at or max(1, batch_size // 8)  # free rows that trigger a refill (a refill copies)
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
@@ -75,8 +70,9 @@ class RefillingSampler:
     def _refill(self, free: list[int], batch: list[tuple[dict, float]]):
         """Prefill ``batch``'s prompts in one forward and move them into rows ``free``; yields replies that end
         at their first token."""
-        prompts = [chat_ids(self.tokenizer, request["prompt"]) for request, _ in batch]
-        ids, mask = left_padded(prompts, self.pad, self.model.device)
+        prompts = [chat_ids(self.tokenizer, request["prompt"])[0].tolist() for request, _ in batch]
+        ids, mask = padded(prompts, self.pad, left=True)
+        ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
@@ -146,19 +142,3 @@ class RefillingSampler:
                 self.lengths[r] = 0
                 yield row["request"], row["temperature"], row["prompt"], row["reply"]
 
-
-def left_padded(token_lists: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded (B, L) ids and their attention mask: every prompt ends in the last column."""
-    width = max(map(len, token_lists))
-    ids = torch.full((len(token_lists), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(token_lists), width, dtype=torch.long)
-    for r, tokens in enumerate(token_lists):
-        ids[r, width - len(tokens):], mask[r, width - len(tokens):] = torch.tensor(tokens), 1
-    return ids.to(device), mask.to(device)
-
-
-def check_layers(cache: DynamicCache) -> None:
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            raise NotImplementedError(f"{type(layer).__name__} cache layers (sliding window or linear attention) "
-                                      "cannot be refilled row by row; use a full-attention model")
