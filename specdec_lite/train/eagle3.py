@@ -248,11 +248,12 @@ def first_head_acceptance(target, trainer: Eagle3Trainer, name: str = EMBEDDED_E
 
 
 def compare_heads(target, trainer: Eagle3Trainer) -> pd.DataFrame:
-    """The first EAGLE head and this run's head on the same held-out records, through the same function: one row
-    each, the loss and per drafting step the greedy agreement and the T = 1 acceptance."""
-    trainer.head.eval()
+    """The first EAGLE head and this run's saved head on the same held-out records, both read from their folders
+    by the same function, so that the run's head is judged in the float16 weights it ships in: one row each, the
+    loss and per drafting step the greedy agreement and the T = 1 acceptance."""
+    heldout, unroll = trainer.data.heldout, trainer.cfg.unroll
     rows = {f"{EMBEDDED_EAGLE} (first head)": first_head_acceptance(target, trainer),
-            f"{NAME} (step {trainer.loop.step})": trainer.loop.evaluate()}
+            f"{NAME} (step {trainer.loop.step})": head_acceptance(target, trainer.out_dir, heldout, unroll)}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("head")
 
 
