@@ -98,7 +98,7 @@ def test_a_head_is_published_only_when_it_beats_the_first(texts, tmp_path, monke
     assert not (shipped / "training_state.pt").exists()
     card = (shipped / "README.md").read_text()
     assert "first EAGLE head beside this one" in card and f"{EMBEDDED_EAGLE} (first head)" in card
-    assert sd.load_draft("auto", target).head.eagle.feature_layers == tuple(good.layers)
+    assert sd.load_draft("auto", target).greedy.head.eagle.feature_layers == tuple(good.layers)
 
 
 def test_better_is_more_tokens_accepted_by_a_chain_at_t1_and_no_lower_greedy_agreement():

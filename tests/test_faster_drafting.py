@@ -167,10 +167,13 @@ def assert_greedy_identity(model, tokenizer):
 
 def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     model, _ = embedded
-    auto = load_draft("auto", model)
+    both = load_draft("auto", model)
+    auto, drawn = both.at(GREEDY), both.at(sd.SamplingParams(temperature=0.7))
     assert isinstance(auto, HybridTreeDraft) and isinstance(auto.head, DynamicTreeDraft)  # lookup + EAGLE-2 tree
     assert isinstance(auto.store, DatastoreTreeDraft) and len(auto.store.store) > 1_000_000  # + the target's replies
     assert auto.head.costs["v"][1] == 1.0 and auto.head.head_cost > 0  # measured on this machine as it loaded
+    assert isinstance(drawn, HybridTreeDraft) and isinstance(drawn.head, EagleTreeDraft) and drawn.head.draw
+    assert drawn.head.eagle is auto.head.eagle and drawn.store is None  # at T > 0: the same head, drawn
     recommended = read_head(paths.drafts_dir() / EMBEDDED_EAGLE_DEEP_TTT)[0].state_dict()  # two layers, unrolled
     used = auto.head.eagle.head.state_dict()  # trained on a GPU on every reply: drafts the most
     assert all(torch.equal(used[k].float(), v.float()) for k, v in recommended.items())
@@ -180,13 +183,15 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     with pytest.raises(ValueError, match="needs an EAGLE head trained for this target"):
         load_draft("hybrid-tree", other)
     drafts, skipped = drafts_for_pair(model)
+    auto_label = "hybrid dynamic tree + store; at T > 0 hybrid tree drawn (auto)"
     assert {"lookup tree", "EAGLE adaptive", "EAGLE tree", "hybrid tree", "hybrid tree drawn", "EAGLE dynamic tree",
-            "hybrid dynamic tree", "hybrid dynamic tree + store (auto)"} <= set(drafts)
+            "hybrid dynamic tree", "hybrid dynamic tree + store", auto_label} <= set(drafts)
     dynamic = drafts["EAGLE dynamic tree"]  # measured once for both dynamic trees, on this machine
     assert drafts["EAGLE head"] is dynamic.eagle  # the plain label is the head the trees use
     assert drafts[evaluate.FIRST_HEAD] is not dynamic.eagle and {"EAGLE-3 head", "Medusa heads"} <= set(drafts)
     assert {"smollm2-135m-eagle-self", "smollm2-135m-eagle-ttt2"} <= set(skipped)  # one-layer heads beyond the two
-    assert drafts["hybrid dynamic tree + store (auto)"].head is dynamic and dynamic.costs["v"][1] == 1.0
+    assert drafts[auto_label].at(GREEDY).head is dynamic and dynamic.costs["v"][1] == 1.0
+    assert drafts[auto_label].at(sd.SamplingParams(temperature=1.0)) is drafts["hybrid tree drawn"]
     from specdec_lite.repro.bench import named_draft
 
     on_first = named_draft(f"hybrid-tree@{EMBEDDED_EAGLE}", model)  # the bench's tree draft on a named head

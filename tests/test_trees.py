@@ -6,7 +6,7 @@ import torch
 import specdec_lite as sd
 from specdec_lite.core import tree as tree_module
 from specdec_lite.core.decode import EXACT
-from specdec_lite.core.drafter import ModelDraft
+from specdec_lite.core.drafter import ByTemperature, ModelDraft
 from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
 from specdec_lite.drafts.datastore import Datastore, DatastoreTreeDraft
 from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft,
@@ -313,6 +313,8 @@ EAGLE_TREES = {
         store_tree(3, budget=3)),
 }
 EAGLE_TREES["dynamic hybrid tree with a store, two-layer head"] = EAGLE_TREES["dynamic hybrid tree with a store"]
+EAGLE_TREES["auto's shape: the dynamic hybrid greedy, the drawn hybrid at T > 0"] = lambda head: ByTemperature(
+    EAGLE_TREES["dynamic hybrid tree with a store"](head), EAGLE_TREES["drawn hybrid tree"](head))
 EAGLE_PROMPT = [0, 2]
 
 
@@ -382,6 +384,28 @@ def test_t1_eagle_trees_keep_the_target_law(kind):
 
     assert chi_square_pvalue(first_three(EXACT, 0), want) > 1e-3
     assert chi_square_pvalue(first_three(broken_verifier, n), want) < 1e-3
+
+
+def test_by_temperature_runs_the_drafting_of_the_generation_s_temperature():
+    """``ByTemperature`` (auto's shape) runs its greedy drafting greedy and its other one at T > 0: the same tokens
+    and the same rounds, seed for seed, as each drafting alone; it cannot be run without being asked which."""
+    target = tiny_llama(vocab=3, layers=2, seed=11)
+    both = "auto's shape: the dynamic hybrid greedy, the drawn hybrid at T > 0"
+    alone = {0.0: "dynamic hybrid tree with a store", 1.0: "drawn hybrid tree"}
+    differ = False
+    for temperature, kind in alone.items():
+        sampling = sd.SamplingParams(temperature=temperature)
+        for seed in range(4):
+            runs = [sd.speculative_generate(target, eagle_tree(k, target), torch.tensor(EAGLE_PROMPT), gamma=2,
+                                            max_new_tokens=10, sampling=sampling, seed=seed)
+                    for k in (both, kind, alone[1.0 - temperature])]
+            assert torch.equal(runs[0].tokens, runs[1].tokens)
+            assert runs[0].stats.accepted_lengths == runs[1].stats.accepted_lengths
+            assert runs[0].stats.drafted == runs[1].stats.drafted
+            differ |= runs[0].stats.drafted != runs[2].stats.drafted  # the other drafting would show
+    assert differ
+    with pytest.raises(TypeError, match="at\\(sampling\\)"):
+        eagle_tree(both, target).begin(torch.tensor([EAGLE_PROMPT]))
 
 
 @pytest.mark.parametrize("kind", ["drawn EAGLE tree", "drawn hybrid tree"])

@@ -283,7 +283,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     one unless a test hands in a broken one. ``on_round``, when given, is called after every round with each
     row's new tokens so far (``Decoding.emitted``): what a server streams as the rounds finish.
     """
-    target_lm, drafter = as_language_model(target), as_drafter(draft, target)
+    target_lm, drafter = as_language_model(target), as_drafter(draft, target).at(sampling)
     max_length, context_name = context_limit(target_lm, getattr(drafter, "lm", None))
     input_ids = check_request(input_ids, max_length, gamma, max_new_tokens, sampling, context_name)
     check_pair(target, target_lm, drafter, input_ids, sampling)

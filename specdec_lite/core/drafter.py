@@ -43,6 +43,28 @@ class Drafter:
     def rollback(self, kept: torch.Tensor) -> None:
         pass
 
+    def at(self, sampling: SamplingParams) -> "Drafter":
+        """The drafter that proposes under ``sampling``, asked once per generation: itself (``ByTemperature``
+        holds one for greedy decoding and one for T > 0)."""
+        return self
+
+
+class ByTemperature(Drafter):
+    """Two draftings for one target: ``greedy`` for greedy decoding, ``sampled`` for T > 0 (``load_draft("auto")``:
+    the dynamic tree's chosen candidates greedy, the head's candidates drawn from q at T > 0). The loop and the
+    exact enumeration run the one ``at`` returns for the whole generation, so the two may share a head's caches;
+    exactness is each one's own."""
+
+    def __init__(self, greedy: Drafter, sampled: Drafter):
+        self.greedy, self.sampled = greedy, sampled
+
+    def at(self, sampling: SamplingParams) -> Drafter:
+        return self.greedy if sampling.greedy else self.sampled
+
+    def begin(self, input_ids: torch.Tensor) -> None:
+        raise TypeError("ByTemperature holds two draftings: run the one at(sampling) returns "
+                        "(speculative_generate does)")
+
 
 def confidence_of(logits: torch.Tensor, sampling: SamplingParams | None = None) -> float:
     """How sure the draft is of its next token, known before the target runs (the least over the rows of a

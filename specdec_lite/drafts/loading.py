@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.drafter import ByTemperature
 from ..core.lm import model_device, static_state, tokenizer_of
 from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_DEEP_TTT,
                            EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_TARGET, check_model_name, load_model,
@@ -20,13 +21,14 @@ from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDr
 
 
 def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
-    """A draft for ``target`` by name: ``"auto"`` (the recommended drafting: lookup branches and the EAGLE head's
-    dynamic tree in one tree, sized by costs measured as it loads, or lookup trees for a target without a head),
+    """A draft for ``target`` by name: ``"auto"`` (the recommended drafting, ``AUTO_DRAFT``: greedy, lookup and
+    store branches and the EAGLE head's dynamic tree in one tree, sized by costs measured as it loads; at T > 0 the
+    lookup branches with the head's chain and siblings drawn from q; lookup trees for a target without a head),
     ``"hybrid-tree"``, ``"hybrid-tree-drawn"``, ``"eagle-tree"``, ``"eagle-tree-drawn"``, ``"eagle-adaptive"``,
     ``"dynamic-tree"`` and ``"hybrid-dynamic"`` (EAGLE-2's dynamic tree, alone or with lookup branches: its costs
-    are measured on this machine when it loads, a few seconds), ``"hybrid-dynamic-store"`` (that hybrid with the
-    continuations retrieved from the target's earlier replies, ``drafts.datastore``), ``"store-tree"`` (those
-    alone), ``"lookup-tree"``
+    are measured on this machine when it loads, a few seconds), ``"hybrid-dynamic-store"`` and
+    ``"hybrid-tree-drawn-store"`` (those hybrids with the continuations retrieved from the target's earlier replies,
+    ``drafts.datastore``; the second measured against "auto" at T > 0 only), ``"store-tree"`` (those alone), ``"lookup-tree"``
     (``TREE_DRAFTS``), ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the
     target's own layers, middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
     with ``head_config.json``; refused when it was trained for another target), or else a draft model (package
@@ -52,16 +54,19 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
 # Draft kinds built from a target's heads and its own text (drafts/trees.py), by name. "auto" is the package's
 # recommended drafting (AUTO_DRAFT): measured best on the embedded target (README, "Measured"); for another target,
 # the same recipe with the EAGLE head trained for it if there is one, else lookup trees.
-TREE_DRAFTS = ("auto", "hybrid-tree", "hybrid-tree-drawn", "eagle-tree", "eagle-tree-drawn", "eagle-adaptive",
-               "dynamic-tree", "hybrid-dynamic", "hybrid-dynamic-store", "lookup-tree", "store-tree")
+TREE_DRAFTS = ("auto", "hybrid-tree", "hybrid-tree-drawn", "hybrid-tree-drawn-store", "eagle-tree", "eagle-tree-drawn",
+               "eagle-adaptive", "dynamic-tree", "hybrid-dynamic", "hybrid-dynamic-store", "lookup-tree", "store-tree")
 DYNAMIC_TREES = ("dynamic-tree", "hybrid-dynamic", "hybrid-dynamic-store")  # measured on the machine as they load
-STORE_DRAFTS = ("hybrid-dynamic-store", "store-tree")  # read the target's earlier replies (Datastore.from_corpus)
-AUTO_DRAFT = "hybrid-dynamic-store"  # measured best at T = 0 and T = 1 on prompts outside the benchmark (docs/SPEED.md)
-AUTO_WITHOUT_STORE = "hybrid-dynamic"  # "auto" for a target that wrote no replies the store could read
+STORE_DRAFTS = ("hybrid-dynamic-store", "hybrid-tree-drawn-store", "store-tree")  # read the target's earlier replies
+# "auto" (core.drafter.ByTemperature): (greedy, T > 0), each measured best at its temperature on prompts outside the
+# benchmark (docs/SPEED.md; at T > 0 the store's branches cost more than they drafted); the second pair for a target
+# that wrote no replies the store could read
+AUTO_DRAFT = ("hybrid-dynamic-store", "hybrid-tree-drawn")
+AUTO_WITHOUT_STORE = ("hybrid-dynamic", "hybrid-tree-drawn")
 TREE_LABELS = {"eagle-adaptive": "EAGLE adaptive", "eagle-tree": "EAGLE tree", "eagle-tree-drawn": "EAGLE tree drawn",
                "hybrid-tree": "hybrid tree", "hybrid-tree-drawn": "hybrid tree drawn",
                "dynamic-tree": "EAGLE dynamic tree", "hybrid-dynamic": "hybrid dynamic tree",
-               "hybrid-dynamic-store": "hybrid dynamic tree + store"}  # how results name them
+               "hybrid-dynamic-store": "hybrid dynamic tree + store"}  # how results name them (notebook 03 runs each)
 AUTO_SETTINGS = dict(lookup_branches=2, head_width=2, adaptive_threshold=0.3)  # the measured recommendation
 STORE_SETTINGS = dict(budget=6, max_match=8, min_frequency=0.1)  # the store's nodes a round (drafts/datastore.py)
 
@@ -82,19 +87,18 @@ def tree_draft(name: str, target, head: str | None = None):
     if not eagle_names:
         raise ValueError(f"draft {name!r} needs an EAGLE head trained for this target under {drafts_dir()}; "
                          "train one (notebooks/00_train_heads.ipynb) or use 'lookup-tree'")
-    store = None
-    if name == "auto":
-        name, store = auto_drafting(target)
-    elif name in STORE_DRAFTS:
+    names, store = auto_drafting(target) if name == "auto" else ((name,), None)
+    if name in STORE_DRAFTS:
         store = store_draft(target)
     eagle = load_head(drafts_dir() / (head or recommended_eagle(eagle_names)), target)
-    return head_tree_drafts(eagle, target if name in DYNAMIC_TREES else None, store)[name]
+    built = head_tree_drafts(eagle, target if set(names) & set(DYNAMIC_TREES) else None, store)
+    return ByTemperature(*(built[n] for n in names)) if name == "auto" else built[name]
 
 
-def auto_drafting(target) -> tuple[str, "DatastoreTreeDraft | None"]:
-    """(name, store) of what "auto" is for ``target``: ``AUTO_DRAFT`` with its store of the target's replies, or,
-    where the target wrote none (another model; an installed package without the repository's corpus),
-    ``AUTO_WITHOUT_STORE``."""
+def auto_drafting(target) -> tuple[tuple[str, str], "DatastoreTreeDraft | None"]:
+    """((greedy name, T > 0 name), store) of what "auto" is for ``target``: ``AUTO_DRAFT`` with its store of the
+    target's replies, or, where the target wrote none (another model; an installed package without the
+    repository's corpus), ``AUTO_WITHOUT_STORE``."""
     try:
         return AUTO_DRAFT, store_draft(target)
     except ValueError:
@@ -147,6 +151,8 @@ def head_tree_drafts(eagle: EagleDraft, target=None, store: DatastoreTreeDraft |
         built.update({"dynamic-tree": dynamic, "hybrid-dynamic": HybridTreeDraft(lookup(), dynamic)})
         if store is not None:
             built["hybrid-dynamic-store"] = HybridTreeDraft(lookup(), dynamic, store)
+    if store is not None:
+        built["hybrid-tree-drawn-store"] = HybridTreeDraft(lookup(), head_tree(draw=True), store)
     return built
 
 
@@ -214,12 +220,18 @@ def one_head_per_kind(loaded: dict, recommended: str | None) -> tuple[dict, list
     return {n: h for n, h in loaded.items() if n in kept}, [n for n in loaded if n not in kept]
 
 
+def auto_label(names: tuple[str, str]) -> str:
+    """How results name "auto": its greedy and its T > 0 drafting, marked "(auto)" (``evaluate.recommended``)."""
+    greedy, sampled = (TREE_LABELS[n] for n in names)
+    return f"{greedy}; at T > 0 {sampled} (auto)"
+
+
 def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int = 0) -> tuple[dict, dict]:
     """Every draft kind that applies to ``target``, by label, and the kinds skipped, with the reason.
 
     The draft model (if given; labelled "trained draft"), the heads, n-gram prompt lookup (chain and tree), the
-    recommended EAGLE head's adaptive chain, trees and hybrids (``TREE_LABELS``; "(auto)" marks ``AUTO_DRAFT``;
-    when there is an EAGLE head) and layer skip. ``heads``: "auto" (of the heads trained for this target,
+    recommended EAGLE head's adaptive chain, trees and hybrids (``TREE_LABELS``) and "auto" (``auto_label``), when
+    there is an EAGLE head, and layer skip. ``heads``: "auto" (of the heads trained for this target,
     ``heads_for``, one of each kind (``one_head_per_kind``), the others listed as skipped; none is not an error),
     or names/folders (a comma-separated string or a list), each refused with the loader's message when it was
     trained for another target. Heads are labelled by ``labelled_heads``.
@@ -247,10 +259,10 @@ def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int
     if eagle is not None:  # adaptive length, trees and the hybrids on the same head
         auto, store = auto_drafting(target)
         built = head_tree_drafts(eagle, target, store)
-        drafts.update({TREE_LABELS[name] + (" (auto)" if name == auto else ""): built[name]
-                       for name in TREE_LABELS if name in built})
+        drafts.update({TREE_LABELS[name]: built[name] for name in TREE_LABELS if name in built})
+        drafts[auto_label(auto)] = ByTemperature(*(built[n] for n in auto))
         if store is None:
-            skipped[TREE_LABELS[AUTO_DRAFT]] = "the target wrote no replies for a store (data/target_text)"
+            skipped[TREE_LABELS["hybrid-dynamic-store"]] = "the target wrote no replies for a store (data/target_text)"
     else:
         skipped["EAGLE adaptive / tree / hybrid"] = "no EAGLE head for this target"
     try:

@@ -169,6 +169,8 @@ def exact_speculative_distribution(target, draft, prompt, gamma: int, n: int,
     """{tuple of the first n emitted tokens: probability} under speculative decoding with ``verifier`` (the exact
     one unless a test hands in a broken one), over all branches."""
     target_lm = as_language_model(target)
+    if isinstance(draft, Drafter):
+        draft = draft.at(sampling)  # the drafting that runs under this sampling (``ByTemperature``)
     prompt = tuple(torch.as_tensor(prompt).long().flatten().tolist())
     frontier = {(): 1.0}  # emitted so far -> probability, for branches still short of n tokens
     result = defaultdict(float)
