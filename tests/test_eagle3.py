@@ -75,8 +75,8 @@ def test_held_out_records_need_a_corpus_past_the_first_heads():
 def test_a_head_is_published_only_when_it_beats_the_first(texts, tmp_path, monkeypatch):
     """``publish`` compares the run's head with the shipped first head on the same held-out records: a head trained
     24 steps replaces nothing when the first head is itself (its saved weights, which a comparison of the float32
-    weights in memory with the saved float16 ones let pass by rounding), and is shipped (files, a card with both heads' figures)
-    against a first head of one step; the tree drafts then use it."""
+    weights in memory with the saved float16 ones let pass by rounding), and is shipped (files, a card with both
+    heads' figures) against a first head of one step; the tree drafts then use it."""
     from specdec_lite.paths import DATA_ENV
     from specdec_lite.train.loop import copy_checkpoint
 

@@ -28,8 +28,8 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
     ``"dynamic-tree"`` and ``"hybrid-dynamic"`` (EAGLE-2's dynamic tree, alone or with lookup branches: its costs
     are measured on this machine when it loads, a few seconds), ``"hybrid-dynamic-store"`` and
     ``"hybrid-tree-drawn-store"`` (those hybrids with the continuations retrieved from the target's earlier replies,
-    ``drafts.datastore``; the second measured against "auto" at T > 0 only), ``"store-tree"`` (those alone), ``"lookup-tree"``
-    (``TREE_DRAFTS``), ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the
+    ``drafts.datastore``; the second measured against "auto" at T > 0 only), ``"store-tree"`` (those alone),
+    ``"lookup-tree"`` (``TREE_DRAFTS``), ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the
     target's own layers, middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
     with ``head_config.json``; refused when it was trained for another target), or else a draft model (package
     name, Hugging Face id or local path; its tokenizer must match the target's). Device and dtype default to
