@@ -13,7 +13,8 @@ from specdec_lite.core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP_TTT, a
 from specdec_lite import paths
 from specdec_lite.drafts.heads import read_head
 from specdec_lite.drafts.datastore import DatastoreTreeDraft
-from specdec_lite.drafts.loading import drafts_for_pair, labelled_heads, load_draft, one_head_per_kind
+from specdec_lite.drafts.loading import (AUTO_WITHOUT_STORE, auto_label, drafts_for_pair, labelled_heads, load_draft,
+                                        one_head_per_kind)
 from specdec_lite.drafts.trees import DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
 from specdec_lite.repro import evaluate, theory
 from specdec_lite.repro.tasks import chat_ids, first_per_task, load_prompts
@@ -168,12 +169,12 @@ def assert_greedy_identity(model, tokenizer):
 def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     model, _ = embedded
     both = load_draft("auto", model)
-    auto, drawn = both.at(GREEDY), both.at(sd.SamplingParams(temperature=0.7))
+    auto, sampled = both.at(GREEDY), both.at(sd.SamplingParams(temperature=0.7))
     assert isinstance(auto, HybridTreeDraft) and isinstance(auto.head, DynamicTreeDraft)  # lookup + EAGLE-2 tree
     assert isinstance(auto.store, DatastoreTreeDraft) and len(auto.store.store) > 1_000_000  # + the target's replies
     assert auto.head.costs["v"][1] == 1.0 and auto.head.head_cost > 0  # measured on this machine as it loaded
-    assert isinstance(drawn, HybridTreeDraft) and isinstance(drawn.head, EagleTreeDraft) and drawn.head.draw
-    assert drawn.head.eagle is auto.head.eagle and drawn.store is None  # at T > 0: the same head, drawn
+    assert isinstance(sampled, HybridTreeDraft) and sampled is not auto
+    assert sampled.head is auto.head and sampled.store is None  # at T > 0: the same dynamic tree, no store
     recommended = read_head(paths.drafts_dir() / EMBEDDED_EAGLE_DEEP_TTT)[0].state_dict()  # two layers, unrolled
     used = auto.head.eagle.head.state_dict()  # trained on a GPU on every reply: drafts the most
     assert all(torch.equal(used[k].float(), v.float()) for k, v in recommended.items())
@@ -183,15 +184,16 @@ def test_auto_names_the_recommended_drafting(embedded, local_pairs):
     with pytest.raises(ValueError, match="needs an EAGLE head trained for this target"):
         load_draft("hybrid-tree", other)
     drafts, skipped = drafts_for_pair(model)
-    auto_label = "hybrid dynamic tree + store; at T > 0 hybrid tree drawn (auto)"
+    auto_name = "hybrid dynamic tree + store; at T > 0 hybrid dynamic tree (auto)"
     assert {"lookup tree", "EAGLE adaptive", "EAGLE tree", "hybrid tree", "hybrid tree drawn", "EAGLE dynamic tree",
-            "hybrid dynamic tree", "hybrid dynamic tree + store", auto_label} <= set(drafts)
+            "hybrid dynamic tree", "hybrid dynamic tree + store", auto_name} <= set(drafts)
     dynamic = drafts["EAGLE dynamic tree"]  # measured once for both dynamic trees, on this machine
     assert drafts["EAGLE head"] is dynamic.eagle  # the plain label is the head the trees use
     assert drafts[evaluate.FIRST_HEAD] is not dynamic.eagle and {"EAGLE-3 head", "Medusa heads"} <= set(drafts)
     assert {"smollm2-135m-eagle-self", "smollm2-135m-eagle-ttt2"} <= set(skipped)  # one-layer heads beyond the two
-    assert drafts[auto_label].at(GREEDY).head is dynamic and dynamic.costs["v"][1] == 1.0
-    assert drafts[auto_label].at(sd.SamplingParams(temperature=1.0)) is drafts["hybrid tree drawn"]
+    assert drafts[auto_name].at(GREEDY).head is dynamic and dynamic.costs["v"][1] == 1.0
+    assert drafts[auto_name].at(sd.SamplingParams(temperature=1.0)) is drafts["hybrid dynamic tree"]
+    assert auto_label(AUTO_WITHOUT_STORE) == "hybrid dynamic tree (auto)"  # no store: one drafting
     from specdec_lite.repro.bench import named_draft
 
     on_first = named_draft(f"hybrid-tree@{EMBEDDED_EAGLE}", model)  # the bench's tree draft on a named head

@@ -313,8 +313,19 @@ EAGLE_TREES = {
         store_tree(3, budget=3)),
 }
 EAGLE_TREES["dynamic hybrid tree with a store, two-layer head"] = EAGLE_TREES["dynamic hybrid tree with a store"]
-EAGLE_TREES["auto's shape: the dynamic hybrid greedy, the drawn hybrid at T > 0"] = lambda head: ByTemperature(
-    EAGLE_TREES["dynamic hybrid tree with a store"](head), EAGLE_TREES["drawn hybrid tree"](head))
+EAGLE_TREES["dynamic hybrid tree"] = lambda head: HybridTreeDraft(
+    LookupTreeDraft(branches=2), DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2))
+AUTO_SHAPE = "auto's shape: the dynamic hybrid with a store greedy, without it at T > 0"
+
+
+def auto_shape(head) -> ByTemperature:
+    """As ``load_draft("auto")`` builds it: both hybrids on one dynamic tree, the store's branches greedy only."""
+    dynamic = DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2)
+    return ByTemperature(HybridTreeDraft(LookupTreeDraft(branches=2), dynamic, store_tree(3, budget=3)),
+                         HybridTreeDraft(LookupTreeDraft(branches=2), dynamic))
+
+
+EAGLE_TREES[AUTO_SHAPE] = auto_shape
 EAGLE_PROMPT = [0, 2]
 
 
@@ -390,22 +401,21 @@ def test_by_temperature_runs_the_drafting_of_the_generation_s_temperature():
     """``ByTemperature`` (auto's shape) runs its greedy drafting greedy and its other one at T > 0: the same tokens
     and the same rounds, seed for seed, as each drafting alone; it cannot be run without being asked which."""
     target = tiny_llama(vocab=3, layers=2, seed=11)
-    both = "auto's shape: the dynamic hybrid greedy, the drawn hybrid at T > 0"
-    alone = {0.0: "dynamic hybrid tree with a store", 1.0: "drawn hybrid tree"}
+    alone = {0.0: "dynamic hybrid tree with a store", 1.0: "dynamic hybrid tree"}
     differ = False
     for temperature, kind in alone.items():
         sampling = sd.SamplingParams(temperature=temperature)
         for seed in range(4):
             runs = [sd.speculative_generate(target, eagle_tree(k, target), torch.tensor(EAGLE_PROMPT), gamma=2,
                                             max_new_tokens=10, sampling=sampling, seed=seed)
-                    for k in (both, kind, alone[1.0 - temperature])]
+                    for k in (AUTO_SHAPE, kind, alone[1.0 - temperature])]
             assert torch.equal(runs[0].tokens, runs[1].tokens)
             assert runs[0].stats.accepted_lengths == runs[1].stats.accepted_lengths
             assert runs[0].stats.drafted == runs[1].stats.drafted
             differ |= runs[0].stats.drafted != runs[2].stats.drafted  # the other drafting would show
     assert differ
     with pytest.raises(TypeError, match="at\\(sampling\\)"):
-        eagle_tree(both, target).begin(torch.tensor([EAGLE_PROMPT]))
+        eagle_tree(AUTO_SHAPE, target).begin(torch.tensor([EAGLE_PROMPT]))
 
 
 @pytest.mark.parametrize("kind", ["drawn EAGLE tree", "drawn hybrid tree"])

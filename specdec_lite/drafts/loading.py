@@ -23,12 +23,12 @@ from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDr
 def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
     """A draft for ``target`` by name: ``"auto"`` (the recommended drafting, ``AUTO_DRAFT``: greedy, lookup and
     store branches and the EAGLE head's dynamic tree in one tree, sized by costs measured as it loads; at T > 0 the
-    lookup branches with the head's chain and siblings drawn from q; lookup trees for a target without a head),
+    same without the store's branches; lookup trees for a target without a head),
     ``"hybrid-tree"``, ``"hybrid-tree-drawn"``, ``"eagle-tree"``, ``"eagle-tree-drawn"``, ``"eagle-adaptive"``,
     ``"dynamic-tree"`` and ``"hybrid-dynamic"`` (EAGLE-2's dynamic tree, alone or with lookup branches: its costs
     are measured on this machine when it loads, a few seconds), ``"hybrid-dynamic-store"`` and
     ``"hybrid-tree-drawn-store"`` (those hybrids with the continuations retrieved from the target's earlier replies,
-    ``drafts.datastore``; the second measured against "auto" at T > 0 only), ``"store-tree"`` (those alone),
+    ``drafts.datastore``; the second measured for "auto" at T > 0 only), ``"store-tree"`` (those alone),
     ``"lookup-tree"`` (``TREE_DRAFTS``), ``"n-gram"`` (prompt lookup), ``"layer-skip"`` (the
     target's own layers, middle third skipped), a feature-level head (``"smollm2-135m-eagle"``, ``"smollm2-135m-medusa"`` or a folder
     with ``head_config.json``; refused when it was trained for another target), or else a draft model (package
@@ -59,10 +59,10 @@ TREE_DRAFTS = ("auto", "hybrid-tree", "hybrid-tree-drawn", "hybrid-tree-drawn-st
 DYNAMIC_TREES = ("dynamic-tree", "hybrid-dynamic", "hybrid-dynamic-store")  # measured on the machine as they load
 STORE_DRAFTS = ("hybrid-dynamic-store", "hybrid-tree-drawn-store", "store-tree")  # read the target's earlier replies
 # "auto" (core.drafter.ByTemperature): (greedy, T > 0), each measured best at its temperature on prompts outside the
-# benchmark (docs/SPEED.md; at T > 0 the store's branches cost more than they drafted); the second pair for a target
-# that wrote no replies the store could read
-AUTO_DRAFT = ("hybrid-dynamic-store", "hybrid-tree-drawn")
-AUTO_WITHOUT_STORE = ("hybrid-dynamic", "hybrid-tree-drawn")
+# benchmark (docs/SPEED.md; at T > 0 the store's branches cost more than they drafted, and the drawn hybrid tree
+# lost to the dynamic one in two runs of two); the second pair for a target that wrote no replies the store could read
+AUTO_DRAFT = ("hybrid-dynamic-store", "hybrid-dynamic")
+AUTO_WITHOUT_STORE = ("hybrid-dynamic", "hybrid-dynamic")
 TREE_LABELS = {"eagle-adaptive": "EAGLE adaptive", "eagle-tree": "EAGLE tree", "eagle-tree-drawn": "EAGLE tree drawn",
                "hybrid-tree": "hybrid tree", "hybrid-tree-drawn": "hybrid tree drawn",
                "dynamic-tree": "EAGLE dynamic tree", "hybrid-dynamic": "hybrid dynamic tree",
@@ -221,9 +221,10 @@ def one_head_per_kind(loaded: dict, recommended: str | None) -> tuple[dict, list
 
 
 def auto_label(names: tuple[str, str]) -> str:
-    """How results name "auto": its greedy and its T > 0 drafting, marked "(auto)" (``evaluate.recommended``)."""
+    """How results name "auto": its greedy and its T > 0 drafting (one name where they are the same), marked
+    "(auto)" (``evaluate.recommended``)."""
     greedy, sampled = (TREE_LABELS[n] for n in names)
-    return f"{greedy}; at T > 0 {sampled} (auto)"
+    return f"{greedy} (auto)" if greedy == sampled else f"{greedy}; at T > 0 {sampled} (auto)"
 
 
 def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int = 0) -> tuple[dict, dict]:
