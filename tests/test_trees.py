@@ -297,11 +297,16 @@ def test_t1_sampled_tree_through_a_tiny_llama_tree_forward():
     assert chi_square_pvalue(first_two(NodesSeeAllNodesLM(target, len(prompt)), n), want) < 1e-3
 
 
+def small_dynamic_tree(head) -> DynamicTreeDraft:
+    """EAGLE-2's dynamic tree at the tiny targets' scale: top 2 a node, a made-up cost that keeps trees small."""
+    return DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2)
+
+
 EAGLE_TREES = {
     "drawn EAGLE tree": lambda head: EagleTreeDraft(head, width=2, draw=True),
     "drawn EAGLE tree, entropy-adaptive": lambda head: EagleTreeDraft(
         head, width=2, draw=True, adaptive=AdaptiveLength(threshold=0.6, step=0.0, entropy=True)),
-    "dynamic tree": lambda head: DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2),
+    "dynamic tree": small_dynamic_tree,
     "chosen adaptive EAGLE tree": lambda head: EagleTreeDraft(head, width=2,
                                                                adaptive=AdaptiveLength(threshold=0.5, step=0.0)),
     "drawn hybrid tree": lambda head: HybridTreeDraft(LookupTreeDraft(branches=2),
@@ -309,18 +314,16 @@ EAGLE_TREES = {
     "drawn hybrid tree with a store": lambda head: HybridTreeDraft(
         LookupTreeDraft(branches=2), EagleTreeDraft(head, width=2, draw=True), store_tree(3, budget=3)),
     "dynamic hybrid tree with a store": lambda head: HybridTreeDraft(
-        LookupTreeDraft(branches=2), DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2),
-        store_tree(3, budget=3)),
+        LookupTreeDraft(branches=2), small_dynamic_tree(head), store_tree(3, budget=3)),
 }
 EAGLE_TREES["dynamic hybrid tree with a store, two-layer head"] = EAGLE_TREES["dynamic hybrid tree with a store"]
-EAGLE_TREES["dynamic hybrid tree"] = lambda head: HybridTreeDraft(
-    LookupTreeDraft(branches=2), DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2))
+EAGLE_TREES["dynamic hybrid tree"] = lambda head: HybridTreeDraft(LookupTreeDraft(branches=2), small_dynamic_tree(head))
 AUTO_SHAPE = "auto's shape: the dynamic hybrid with a store greedy, without it at T > 0"
 
 
 def auto_shape(head) -> ByTemperature:
     """As ``load_draft("auto")`` builds it: both hybrids on one dynamic tree, the store's branches greedy only."""
-    dynamic = DynamicTreeDraft(head, verify_cost=lambda n: 1 + 0.1 * n, head_cost=0.1, top_k=2)
+    dynamic = small_dynamic_tree(head)
     return ByTemperature(HybridTreeDraft(LookupTreeDraft(branches=2), dynamic, store_tree(3, budget=3)),
                          HybridTreeDraft(LookupTreeDraft(branches=2), dynamic))
 
