@@ -92,7 +92,7 @@ def tree_draft(name: str, target, head: str | None = None):
         store = store_draft(target)
     eagle = load_head(drafts_dir() / (head or recommended_eagle(eagle_names)), target)
     built = head_tree_drafts(eagle, target if set(names) & set(DYNAMIC_TREES) else None, store)
-    return ByTemperature(*(built[n] for n in names)) if name == "auto" else built[name]
+    return auto_drafter(built, names) if name == "auto" else built[name]
 
 
 def auto_drafting(target) -> tuple[tuple[str, str], "DatastoreTreeDraft | None"]:
@@ -103,6 +103,13 @@ def auto_drafting(target) -> tuple[tuple[str, str], "DatastoreTreeDraft | None"]
         return AUTO_DRAFT, store_draft(target)
     except ValueError:
         return AUTO_WITHOUT_STORE, None
+
+
+def auto_drafter(built: dict, names: tuple[str, str]) -> ByTemperature:
+    """The "auto" drafter from those ``head_tree_drafts`` built: the greedy and the T > 0 ones that
+    ``auto_drafting`` named."""
+    greedy, sampled = names
+    return ByTemperature(built[greedy], built[sampled])
 
 
 def store_draft(target) -> DatastoreTreeDraft:
@@ -261,7 +268,7 @@ def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int
         auto, store = auto_drafting(target)
         built = head_tree_drafts(eagle, target, store)
         drafts.update({TREE_LABELS[name]: built[name] for name in TREE_LABELS if name in built})
-        drafts[auto_label(auto)] = ByTemperature(*(built[n] for n in auto))
+        drafts[auto_label(auto)] = auto_drafter(built, auto)
         if store is None:
             skipped[TREE_LABELS["hybrid-dynamic-store"]] = "the target wrote no replies for a store (data/target_text)"
     else:
