@@ -6,9 +6,10 @@ Shipped data (the trained drafts and heads, the evaluation prompts) is found, in
      ``specdec_lite/shipped/``);
   3. the repository's ``data/`` folder, for a source checkout or an editable install.
 
-Everything the reproduction writes (target-made text, results CSVs, figures) lives in the repository checkout
-(``repo_root()``); model conversions and features go to the cache, ``$SPECDEC_LITE_CACHE`` or
-``~/.cache/specdec_lite``.
+Everything the reproduction publishes (target-made text, results CSVs, figures) lives in the repository checkout
+(``repo_root()``). What is made again on demand, or is state rather than product, goes to the cache,
+``$SPECDEC_LITE_CACHE`` or ``~/.cache/specdec_lite``, and is never tracked: model conversions, features, training
+runs (optimizer states, checkpoints) and the machine's measured cost profiles.
 """
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ def corpus_dir() -> Path:
     return repo_root() / "data" / "target_text"
 
 
+def teacher_dir() -> Path:
+    """Teacher-forced training text: installed code, documentation and translation catalogs, tokenized."""
+    return repo_root() / "data" / "teacher_text"
+
+
 def results_dir() -> Path:
     """The CSVs the notebooks write."""
     return repo_root() / "data" / "results"
@@ -72,6 +78,22 @@ def figures_dir() -> Path:
 def cache_dir() -> Path:
     """Converted models and extracted features: ``$SPECDEC_LITE_CACHE`` or ``~/.cache/specdec_lite``."""
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "specdec_lite")).expanduser()
+
+
+def training_dir(name: str) -> Path:
+    """A training run's state (the model so far, AdamW's moments, the random states), resumed from here by a later
+    run on this machine; the finished model is published into ``drafts_dir()``, the state never is."""
+    return cache_dir() / "training" / name
+
+
+def features_root() -> Path:
+    """The target's hidden states over the training text, one folder per target."""
+    return cache_dir() / "features"
+
+
+def cost_profiles_dir() -> Path:
+    """Costs measured on this machine (v(n), a head's cost per depth), one JSON file per machine and setting."""
+    return cache_dir() / "cost_profiles"
 
 
 def is_head_dir(path) -> bool:

@@ -37,8 +37,9 @@ On a GPU, ``--device cuda`` extracts the features and trains there (the target i
 features); ``--batch-size`` (records a step) is fixed at the first start, like ``--steps`` and ``--lr``.
 
 The records used are fixed at the run's first start (``records`` in its ``training_config.json``), so a resumed
-run draws the same batches after the corpus has grown. A run lives in ``data/training/<head>`` (head, AdamW's
-moments and the random states: ``loop.TrainingLoop``), committed so a clone resumes it.
+run draws the same batches after the corpus has grown. A run lives under the cache folder, ``<cache>/training/<head>``
+(head, AdamW's moments and the random states: ``loop.TrainingLoop``): a later run on the same machine resumes it; it
+is never committed.
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ from ..core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP, EMBEDDED_EAGLE_D
                            EMBEDDED_EAGLE_REPLIES, EMBEDDED_EAGLE_SELF, EMBEDDED_EAGLE_TTT, EMBEDDED_EAGLE_TTT2,
                            EMBEDDED_TARGET, load_model)
 from ..drafts.heads import read_head_config
-from ..paths import drafts_dir, repo_root
+from .. import paths
+from ..paths import drafts_dir
 from ..show import to_markdown
 from . import cards, corpus, eagle3, features
 from .heads import HeadTrainConfig, HeadTrainer, load_dataset
@@ -77,8 +79,8 @@ LAYERS = {EMBEDDED_EAGLE_DEEP: 2}  # decoder layers of a run that grows its star
 
 
 def training_dir(name: str = NAME) -> Path:
-    """A run's folder, inside the checkout so that it is committed and resumed by a later clone."""
-    return repo_root() / "data" / "training" / name
+    """A run's folder under the cache (``paths.training_dir``): resumed on this machine, never committed."""
+    return paths.training_dir(name)
 
 
 def new_heldout(seen: int, n_records: int) -> list[int]:

@@ -21,9 +21,10 @@ the same batches, even after the corpus has grown.
     python -m specdec_lite.train.eagle3 --minutes 90       # resumes: rerun to continue
     python -m specdec_lite.train.eagle3 --publish          # ship it (data/drafts/) if it beats the first head
 
-The run lives in the repository, ``data/training/smollm2-135m-eagle3`` (``training_dir``): its training state
-(70 MB: the head, AdamW's moments, the random states) is committed, so a fresh clone resumes it exactly. A head
-that beats the shipped one on the held-out records is copied to ``data/drafts/`` with its card (``--publish``).
+The run lives under the cache folder, ``<cache>/training/smollm2-135m-eagle3`` (``training_dir``): its training
+state (70 MB: the head, AdamW's moments, the random states) is resumed exactly by a later run on the same machine and
+is never committed. A head that beats the shipped one on the held-out records is copied to ``data/drafts/`` with its
+card (``--publish``).
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ from ..core.lm import selected_hidden
 from ..core.models import EMBEDDED_EAGLE, EMBEDDED_EAGLE3, EMBEDDED_TARGET, load_model
 from ..drafts.heads import (EagleHead, OutputLayer, build_head, fused_layers, head_config_for,
                             read_head, save_head)
-from ..paths import drafts_dir, repo_root
+from .. import paths
+from ..paths import drafts_dir
 from . import corpus, teacher
 from .batching import draftable_tokens, padded
 from .heads import soft_cross_entropy
@@ -230,8 +232,9 @@ class Eagle3Trainer:
 
 
 def training_dir() -> Path:
-    """The run's folder, inside the checkout so that it is committed and resumed by a later clone."""
-    return repo_root() / "data" / "training" / NAME
+    """The run's folder under the cache (``paths.training_dir``): its state is resumed on this machine, never
+    committed; the head it publishes goes to ``data/drafts/``."""
+    return paths.training_dir(NAME)
 
 
 def head_acceptance(target, folder: Path, rows, unroll: int) -> dict:

@@ -34,7 +34,7 @@ SORTED_BATCHES = 16  # batches per chunk: a chunk's records are batched by lengt
 
 def features_dir(target_name: str, root: Path | None = None) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(target_name)).strip("_")[-80:]
-    return Path(root or paths.cache_dir() / "features") / safe
+    return Path(root or paths.features_root()) / safe
 
 
 def _meta_path(out_dir: Path) -> Path:

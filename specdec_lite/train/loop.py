@@ -151,8 +151,10 @@ class TrainingLoop:
         return self.out_dir / STATE_FILE
 
     def resume(self) -> bool:
-        """Load ``training_state.pt`` when there is one; True if it was there."""
+        """Load ``training_state.pt`` when there is one; True if it was there. Says where it looked and what it
+        found."""
         if not self.state_path.exists():
+            print(f"{self.desc}: no training state at {self.state_path}: starting from step 0")
             return False
         saved = torch.load(self.state_path, weights_only=False, map_location="cpu")  # copied to the model's device
         self.model.load_state_dict(saved["model"] if "model" in saved else saved["head"])  # "head": older files
@@ -164,6 +166,7 @@ class TrainingLoop:
             torch.set_rng_state(saved["torch_rng"])
         if saved.get("cuda_rng") is not None and torch.cuda.is_available():  # a run on a GPU draws its noise there
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        print(f"{self.desc}: resuming from {self.state_path} at step {self.step}")
         return True
 
     def checkpoint(self) -> None:

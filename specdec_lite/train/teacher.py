@@ -57,7 +57,7 @@ class Document:
 
 
 def teacher_dir() -> Path:
-    return paths.repo_root() / "data" / "teacher_text"
+    return paths.teacher_dir()
 
 
 def code_documents(seed: int = 0):
