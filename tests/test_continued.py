@@ -1,12 +1,13 @@
-"""The first EAGLE head continued on more replies (specdec_lite.train.continued, train.heads) on a tiny random
+"""A shipped EAGLE head continued on more replies (specdec_lite.train.continued, train.heads) on a tiny random
 Llama: the run starts from a shipped head's weights and sub-vocabulary, holds out the records it is told to, resumes
 exactly in a new trainer, and is published only when it beats the head it started from."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core.models import EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP
 from specdec_lite.drafts import heads
 from specdec_lite.paths import DATA_ENV
 from specdec_lite.train import continued, corpus, eagle3, features
@@ -16,12 +17,12 @@ from specdec_lite.train.loop import copy_checkpoint
 from conftest import tiny_llama
 
 HELD = [0, 3, 5]
+START = "shipped-head"  # the head the tiny runs start from, under the test's drafts folder
 
 
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory, embedded):
-    """(target, root): a tiny target's corpus and features, and its 'first head' (3 steps) shipped under
-    root/data/drafts."""
+    """(target, root): a tiny target's corpus and features, and a head (3 steps) shipped under root/data/drafts."""
     _, tokenizer = embedded
     root = tmp_path_factory.mktemp("continued")
     target = tiny_llama(vocab=49152, layers=1, hidden=32, seed=5, max_positions=8192)
@@ -31,7 +32,7 @@ def setting(tmp_path_factory, embedded):
     cfg = HeadTrainConfig(steps=3, batch_size=4, eval_every=3, warmup=1, lr=3e-3, heldout=HELD)
     data, _ = load_dataset(root / "f", cfg, root / "text")
     first = HeadTrainer(target, heads.head_config_for(target, "eagle", "tiny", sub_vocab_size=4096), data, cfg,
-                        root / "data" / "drafts" / EMBEDDED_EAGLE)
+                        root / "data" / "drafts" / START)
     first.run(progress=False)
     return target, root
 
@@ -44,19 +45,19 @@ def shipped(setting, monkeypatch):
 
 def config(root, **kw):
     n = len(corpus.load_index(root / "text"))
-    base = dict(steps=30, batch_size=4, eval_every=15, warmup=3, lr=3e-3, heldout=HELD, start_from=EMBEDDED_EAGLE,
+    base = dict(steps=30, batch_size=4, eval_every=15, warmup=3, lr=3e-3, heldout=HELD, start_from=START,
                 records=n)
     return HeadTrainConfig(**{**base, **kw})
 
 
-def trainer(target, root, out, cfg, num_layers=None):
-    return continued.make_trainer(target, root / out, cfg, root / "text", root / "f", "tiny", num_layers=num_layers)
+def trainer(target, root, out, cfg):
+    return continued.make_trainer(target, root / out, cfg, root / "text", root / "f", "tiny")
 
 
 def test_the_run_starts_from_the_shipped_head_and_holds_out_the_named_records(shipped):
     target, root = shipped
     run = trainer(target, root, "run", config(root))
-    start, _, vocab_ids = heads.read_head(root / "data" / "drafts" / EMBEDDED_EAGLE)
+    start, _, vocab_ids = heads.read_head(root / "data" / "drafts" / START)
     assert torch.equal(run.vocab_ids, vocab_ids)
     assert all(torch.equal(a, b) for a, b in zip(run.head.state_dict().values(), start.state_dict().values()))
     records = corpus.load_records(root / "text")
@@ -96,41 +97,47 @@ def test_a_head_is_published_only_when_it_beats_the_one_it_started_from(shipped)
     good.run(progress=False)
     comparison = continued.publish(target, good, continued.NAME, root / "text")
     assert eagle3.is_better(comparison) and list(comparison.index) == [
-        f"{EMBEDDED_EAGLE} (the start)", f"{continued.NAME} (step 30)"]
+        f"{START} (the start)", f"{continued.NAME} (step 30)"]
     assert not (published / "training_state.pt").exists()
     card = (published / "README.md").read_text()
-    assert f"Started from the weights of `{EMBEDDED_EAGLE}`" in card and "3 records held out" in card
+    assert f"Started from the weights of `{START}`" in card and "3 records held out" in card
     assert "the head it started from beside this one" in card and "continued.compare_heads" in card
     assert f"training-time test: the same loss after each of {continued.UNROLL} drafting steps" in card
     assert isinstance(sd.load_draft(continued.NAME, target), sd.EagleDraft)
 
 
-def test_a_run_of_more_layers_grows_its_start_and_resumes(shipped):
-    """A run of two decoder layers from the one-layer shipped head (``continued.LAYERS``): before training it
-    predicts exactly what its start predicts (the second layer begins as the identity); training moves the second
-    layer; an interrupted run resumes to the same weights; a start with more layers than the run is refused."""
+def test_a_head_of_more_layers_grows_its_start_and_resumes(shipped):
+    """A trainer of two decoder layers from the one-layer shipped head (how the shipped two-layer head began):
+    before training it predicts exactly what its start predicts (the second layer begins as the identity); training
+    moves the second layer; an interrupted run resumes to the same weights; a start with more layers than the run is
+    refused."""
     target, root = shipped
-    assert continued.LAYERS[EMBEDDED_EAGLE_DEEP] == 2
     cfg = config(root, steps=4, eval_every=2)
-    deep = trainer(target, root, "deep", cfg, num_layers=2)
-    start, _, _ = heads.read_head(root / "data" / "drafts" / EMBEDDED_EAGLE)
+    data, _ = load_dataset(root / "f", cfg, root / "text")
+    two_layers = replace(heads.read_head_config(root / "data" / "drafts" / START), num_layers=2)
+
+    def deeper(out, run_cfg=cfg):
+        return HeadTrainer(target, two_layers, data, run_cfg, root / out)
+
+    deep = deeper("deep")
+    start, _, _ = heads.read_head(root / "data" / "drafts" / START)
     torch.manual_seed(0)
     x, e, positions = torch.randn(1, 5, 32), torch.randn(1, 5, 32), torch.arange(5)
     assert len(deep.head.layers) == 2 and torch.equal(deep.head(x, e, positions), start(x, e, positions))
     deep.run(progress=False)
     assert deep.head.deeper[0].down.weight.abs().sum() > 0
     assert not torch.allclose(deep.head(x, e, positions), start(x, e, positions), atol=1e-4)
-    parted = trainer(target, root, "deep-parted", cfg, num_layers=2)
-    parted.run(max_minutes=0, progress=False)
-    resumed = trainer(target, root, "deep-parted", continued.run_config(root / "deep-parted", steps=99), num_layers=2)
+    deeper("deep-parted").run(max_minutes=0, progress=False)
+    resumed = deeper("deep-parted", continued.run_config(root / "deep-parted", steps=99))
     resumed.run(progress=False)
     for a, b in zip(deep.head.state_dict().values(), resumed.head.state_dict().values()):
         assert torch.equal(a, b)
     copy_checkpoint(root / "deep", root / "data" / "drafts" / "two-layers")
     assert heads.read_head_config(root / "data" / "drafts" / "two-layers").num_layers == 2
     assert len(trainer(target, root, "kept", config(root, start_from="two-layers")).head.layers) == 2
+    one_layer = replace(two_layers, num_layers=1)
     with pytest.raises(ValueError, match=r"in \['num_layers'\].*fewer layers"):
-        trainer(target, root, "shallow", config(root, start_from="two-layers"), num_layers=1)
+        HeadTrainer(target, one_layer, data, config(root, start_from="two-layers"), root / "shallow")
 
 
 def test_a_run_from_a_continued_head_also_holds_out_records_its_start_never_saw():
@@ -177,13 +184,6 @@ def test_a_run_from_a_later_record_reads_only_its_features_and_holds_out_by_corp
         load_dataset(tmp_path / "f", config(root), root / "text")
     with pytest.raises(ValueError, match=f"holds features of records {first} on"):
         features.extract_features(target, root / "text", tmp_path / "f", "tiny", progress=False)
-
-
-def test_the_first_self_made_record_is_found_and_its_absence_refused():
-    index = [{"id": "src-code-1"}, {"id": "train-chat-2"}, {"id": "self-dialogue-3"}, {"id": "self-code-4"}]
-    assert corpus.first_self_made(index) == 2
-    with pytest.raises(ValueError, match="self_prompts"):
-        corpus.first_self_made(index[:2])
 
 
 def test_a_new_run_takes_its_peak_learning_rate_from_the_command_line_and_a_resumed_one_keeps_its_own(shipped,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core.models import EMBEDDED_EAGLE
+from specdec_lite.core.models import EMBEDDED_EAGLE_DEEP_TTT
 from specdec_lite.train import corpus, eagle3, teacher
 
 from conftest import tiny_llama
@@ -72,11 +72,11 @@ def test_held_out_records_need_a_corpus_past_the_first_heads():
     assert picked[1] - picked[0] == eagle3.HELDOUT_EVERY
 
 
-def test_a_head_is_published_only_when_it_beats_the_first(texts, tmp_path, monkeypatch):
-    """``publish`` compares the run's head with the shipped first head on the same held-out records: a head trained
-    24 steps replaces nothing when the first head is itself (its saved weights, which a comparison of the float32
+def test_a_head_is_published_only_when_it_beats_the_shipped_one(texts, tmp_path, monkeypatch):
+    """``publish`` compares the run's head with the shipped EAGLE head on the same held-out records: a head trained
+    24 steps replaces nothing when the shipped head is itself (its saved weights, which a comparison of the float32
     weights in memory with the saved float16 ones let pass by rounding), and is shipped (files, a card with both
-    heads' figures) against a first head of one step; the tree drafts then use it."""
+    heads' figures) against a shipped head of one step; it then loads from its folder."""
     from specdec_lite.paths import DATA_ENV
     from specdec_lite.train.loop import copy_checkpoint
 
@@ -87,18 +87,18 @@ def test_a_head_is_published_only_when_it_beats_the_first(texts, tmp_path, monke
     weak.run(progress=False)
     monkeypatch.setenv(DATA_ENV, str(tmp_path))
     shipped = tmp_path / "drafts" / eagle3.NAME
-    copy_checkpoint(root / "good", tmp_path / "drafts" / EMBEDDED_EAGLE)  # the same head: not better
+    copy_checkpoint(root / "good", tmp_path / "drafts" / EMBEDDED_EAGLE_DEEP_TTT)  # the same head: not better
     same = eagle3.publish(target, good)
     assert same.iloc[0].equals(same.iloc[1])  # both judged in the saved float16 weights, to the last bit
     assert not eagle3.is_better(same) and not shipped.exists()
-    copy_checkpoint(root / "weak", tmp_path / "drafts" / EMBEDDED_EAGLE)
+    copy_checkpoint(root / "weak", tmp_path / "drafts" / EMBEDDED_EAGLE_DEEP_TTT)
     comparison = eagle3.publish(target, good)
     assert eagle3.is_better(comparison) and len(comparison) == 2
     assert {"head.safetensors", "head_config.json", "README.md"} <= {f.name for f in shipped.iterdir()}
     assert not (shipped / "training_state.pt").exists()
     card = (shipped / "README.md").read_text()
-    assert "first EAGLE head beside this one" in card and f"{EMBEDDED_EAGLE} (first head)" in card
-    assert sd.load_draft("auto", target).greedy.head.eagle.feature_layers == tuple(good.layers)
+    assert "shipped EAGLE head beside this one" in card and f"{EMBEDDED_EAGLE_DEEP_TTT} (shipped head)" in card
+    assert sd.load_draft(str(shipped), target).feature_layers == tuple(good.layers)
 
 
 def test_better_is_more_tokens_accepted_by_a_chain_at_t1_and_no_lower_greedy_agreement():

@@ -2,19 +2,19 @@
 speed-goal table."""
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 import specdec_lite as sd
 from specdec_lite.core.batch_invariance import Float32Linear, SplitKLinear, is_batch_invariant, make_batch_invariant
-from specdec_lite.core.models import (EMBEDDED_EAGLE, EMBEDDED_EAGLE_DEEP_TTT, auto_dtype,
-                                      cpu_has_native_bfloat16, has_native_bfloat16, native_dtypes)
+from specdec_lite.core.models import (EMBEDDED_EAGLE_DEEP_TTT, auto_dtype, cpu_has_native_bfloat16,
+                                      has_native_bfloat16, native_dtypes)
 from specdec_lite import paths
-from specdec_lite.drafts.heads import read_head
-from specdec_lite.drafts.datastore import DatastoreTreeDraft
-from specdec_lite.drafts.loading import (AUTO_WITHOUT_STORE, auto_label, drafts_for_pair, labelled_heads, load_draft,
-                                        one_head_per_kind)
+from specdec_lite.drafts.heads import EagleDraft, read_head
+from specdec_lite.drafts.loading import (AUTO_LABEL, AUTO_LABEL_WITHOUT_HEAD, drafts_for_pair, labelled_heads,
+                                        load_draft, one_head_per_kind)
 from specdec_lite.drafts.trees import DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
 from specdec_lite.repro import evaluate, theory
 from specdec_lite.repro.tasks import chat_ids, first_per_task, load_prompts
@@ -147,13 +147,11 @@ def test_greedy_identity_in_float32_ours_and_transformers(embedded):
 
 
 def assert_greedy_identity(model, tokenizer):
-    """Same model, same dtype: our speculative output (every drafting kind, trees, dynamic trees, drawn trees and
-    adaptive included) == our autoregressive output == transformers' generate, on two evaluation prompts, 48
-    tokens."""
-    drafts = {"auto": load_draft("auto", model), "eagle chain": load_draft(EMBEDDED_EAGLE, model),
-              "eagle-adaptive": load_draft("eagle-adaptive", model), "n-gram": load_draft("n-gram", model),
+    """Same model, same dtype: our speculative output (every drafting kind by name, trees and dynamic trees
+    included) == our autoregressive output == transformers' generate, on two evaluation prompts, 48 tokens."""
+    drafts = {"auto": load_draft("auto", model), "eagle chain": load_draft(EMBEDDED_EAGLE_DEEP_TTT, model),
+              "eagle-tree": load_draft("eagle-tree", model), "n-gram": load_draft("n-gram", model),
               "dynamic-tree": load_draft("dynamic-tree", model), "hybrid-dynamic": load_draft("hybrid-dynamic", model),
-              "eagle-tree-drawn": load_draft("eagle-tree-drawn", model),
               "trained draft": load_draft(sd.EMBEDDED_DRAFT, model)}
     eos = tokenizer.eos_token_id
     for p in first_per_task(load_prompts(), 1)[:2]:
@@ -166,44 +164,65 @@ def assert_greedy_identity(model, tokenizer):
             assert torch.equal(out.tokens, ours), name
 
 
-def test_auto_names_the_recommended_drafting(embedded, local_pairs):
+def test_auto_is_the_hybrid_dynamic_tree_greedy_and_the_heads_chain_at_t_above_0(embedded, tmp_path, monkeypatch):
+    """``load_draft("auto")`` as installed (a data folder holding the recommended head alone) and with every read of
+    the repository (``data/target_text``) failing: greedy, lookup branches and EAGLE-2's dynamic tree on that head,
+    with costs measured on this machine; at T > 0, the head's chain, the ``EagleDraft`` ``load_draft`` gives for
+    the head by name (the same weights); both on the shipped two-layer head trained unrolled on a GPU."""
     model, _ = embedded
+    shipped = paths.drafts_dir() / EMBEDDED_EAGLE_DEEP_TTT
+    (tmp_path / "drafts").mkdir()
+    (tmp_path / "drafts" / EMBEDDED_EAGLE_DEEP_TTT).symlink_to(shipped)
+    monkeypatch.setenv(paths.DATA_ENV, str(tmp_path))
+
+    def no_repository():
+        raise AssertionError("auto read the repository's data (data/target_text)")
+
+    monkeypatch.setattr(paths, "repo_root", no_repository)
+    monkeypatch.setattr(paths, "corpus_dir", no_repository)
     both = load_draft("auto", model)
-    auto, sampled = both.at(GREEDY), both.at(sd.SamplingParams(temperature=0.7))
-    assert isinstance(auto, HybridTreeDraft) and isinstance(auto.head, DynamicTreeDraft)  # lookup + EAGLE-2 tree
-    assert isinstance(auto.store, DatastoreTreeDraft) and len(auto.store.store) > 1_000_000  # + the target's replies
-    assert auto.head.costs["v"][1] == 1.0 and auto.head.head_cost > 0  # measured on this machine as it loaded
-    assert isinstance(sampled, HybridTreeDraft) and sampled is not auto
-    assert sampled.head is auto.head and sampled.store is None  # at T > 0: the same dynamic tree, no store
-    recommended = read_head(paths.drafts_dir() / EMBEDDED_EAGLE_DEEP_TTT)[0].state_dict()  # two layers, unrolled
-    used = auto.head.eagle.head.state_dict()  # trained on a GPU on every reply: drafts the most
-    assert all(torch.equal(used[k].float(), v.float()) for k, v in recommended.items())
+    greedy, sampled = both.at(GREEDY), both.at(sd.SamplingParams(temperature=0.7))
+    assert isinstance(greedy, HybridTreeDraft) and isinstance(greedy.head, DynamicTreeDraft)  # lookup + EAGLE-2 tree
+    assert isinstance(greedy.lookup, LookupTreeDraft)
+    assert greedy.head.costs["v"][1] == 1.0 and greedy.head.head_cost > 0  # measured on this machine
+    assert type(sampled) is EagleDraft and sampled is greedy.head.eagle  # the head's chain, its caches shared
+    assert both.at(sd.SamplingParams(temperature=1.0)) is sampled
+    recommended = read_head(shipped)[0].state_dict()  # two layers, unrolled, trained on a GPU on every reply
+    assert all(torch.equal(sampled.head.state_dict()[k].float(), v.float()) for k, v in recommended.items())
+    by_name = load_draft(EMBEDDED_EAGLE_DEEP_TTT, model)
+    assert type(by_name) is type(sampled) and by_name.feature_layers == sampled.feature_layers
+
+
+def test_the_pair_s_draft_kinds_are_those_kept_and_auto_falls_back_to_lookup_trees(embedded, local_pairs):
+    """``drafts_for_pair`` on the embedded target: the heads, n-gram, the EAGLE tree, the dynamic trees, auto and
+    layer skip, nothing else; the trees share one head and one measured dynamic tree. A target without a head: auto
+    is the lookup tree, the head's trees are skipped and refused by name. The bench names a tree on a head with
+    "@"."""
+    model, _ = embedded
+    drafts, skipped = drafts_for_pair(model)
+    assert set(drafts) == {"EAGLE head", "Medusa heads", "n-gram", "EAGLE tree", "EAGLE dynamic tree",
+                           "hybrid dynamic tree", AUTO_LABEL, "layer-skip"}
+    dynamic = drafts["EAGLE dynamic tree"]  # measured once for both dynamic trees, on this machine
+    assert drafts["EAGLE head"] is dynamic.eagle and drafts["EAGLE tree"].eagle is dynamic.eagle
+    hybrid = drafts["hybrid dynamic tree"]
+    assert drafts[AUTO_LABEL].at(GREEDY) is hybrid and hybrid.head is dynamic
+    assert drafts[AUTO_LABEL].at(sd.SamplingParams(temperature=1.0)) is drafts["EAGLE head"]
     assert isinstance(load_draft("eagle-tree", model), EagleTreeDraft)
     other, _ = sd.load_model(str(local_pairs / "tiny-4l"), dtype="float32")
     assert isinstance(load_draft("auto", other), LookupTreeDraft)  # no head for it: lookup trees
     with pytest.raises(ValueError, match="needs an EAGLE head trained for this target"):
-        load_draft("hybrid-tree", other)
-    drafts, skipped = drafts_for_pair(model)
-    auto_name = "hybrid dynamic tree + store; at T > 0 hybrid dynamic tree (auto)"
-    assert {"lookup tree", "EAGLE adaptive", "EAGLE tree", "hybrid tree", "hybrid tree drawn", "EAGLE dynamic tree",
-            "hybrid dynamic tree", "hybrid dynamic tree + store", auto_name} <= set(drafts)
-    dynamic = drafts["EAGLE dynamic tree"]  # measured once for both dynamic trees, on this machine
-    assert drafts["EAGLE head"] is dynamic.eagle  # the plain label is the head the trees use
-    assert drafts[evaluate.FIRST_HEAD] is not dynamic.eagle and {"EAGLE-3 head", "Medusa heads"} <= set(drafts)
-    assert {"smollm2-135m-eagle-self", "smollm2-135m-eagle-ttt2"} <= set(skipped)  # one-layer heads beyond the two
-    assert drafts[auto_name].at(GREEDY).head is dynamic and dynamic.costs["v"][1] == 1.0
-    assert drafts[auto_name].at(sd.SamplingParams(temperature=1.0)) is drafts["hybrid dynamic tree"]
-    assert auto_label(AUTO_WITHOUT_STORE) == "hybrid dynamic tree (auto)"  # no store: one drafting
+        load_draft("hybrid-dynamic", other)
+    drafts, skipped = drafts_for_pair(other)
+    assert isinstance(drafts[AUTO_LABEL_WITHOUT_HEAD], LookupTreeDraft)
+    assert "EAGLE tree / dynamic tree / hybrid" in skipped and "EAGLE tree" not in drafts
     from specdec_lite.repro.bench import named_draft
 
-    on_first = named_draft(f"hybrid-tree@{EMBEDDED_EAGLE}", model)  # the bench's tree draft on a named head
-    assert isinstance(on_first, HybridTreeDraft) and on_first.head.eagle.feature_layers == (-1,)
+    on_head = named_draft(f"eagle-tree@{EMBEDDED_EAGLE_DEEP_TTT}", model)  # the bench's tree draft on a named head
+    assert isinstance(on_head, EagleTreeDraft) and len(on_head.eagle.head.layers) == 2
     with pytest.raises(ValueError, match="only tree drafts"):
         named_draft("n-gram@x", model)
     with pytest.raises(ValueError, match="is not an EAGLE head trained for this target"):
-        named_draft("hybrid-tree@no-such-head", model)
-    drafts, skipped = drafts_for_pair(other)
-    assert "lookup tree" in drafts and "EAGLE adaptive / tree / hybrid" in skipped
+        named_draft("eagle-tree@no-such-head", model)
 
 
 def test_heads_sharing_a_kind_keep_apart_by_name_and_auto_keeps_one_of_each():
@@ -214,14 +233,12 @@ def test_heads_sharing_a_kind_keep_apart_by_name_and_auto_keeps_one_of_each():
     assert labelled_heads({"fused": fused}, None) == {"EAGLE-3 head": fused}
     kept, left_out = one_head_per_kind(loaded, "newer")
     assert kept == {"newer": recommended, "fused": fused} and left_out == ["older"]
-    kept, left_out = one_head_per_kind({EMBEDDED_EAGLE: first, **loaded}, "newer")  # the progression's start stays
-    assert list(kept) == [EMBEDDED_EAGLE, "newer", "fused"] and left_out == ["older"]
 
 
 def test_transformers_generate_greedy_matches_ours_on_a_tiny_llama():
     model = tiny_llama(vocab=64, layers=2, seed=3)
     x = torch.tensor([[1, 5, 9, 2, 7]])
-    ours = sd.autoregressive_generate(model, x, max_new_tokens=12, sampling=GREEDY).tokens
+    ours = sd.autoregressive_generate(model, x, max_new_tokens=12, sampling=GREEDY, ignore_eos=True).tokens
     theirs = evaluate.transformers_generate(model, x, max_new_tokens=12, sampling=GREEDY, seed=0, eos=None)
     assert torch.equal(theirs.tokens, ours) and theirs.stats.new_tokens == 12 and theirs.stats.total_seconds > 0
     methods = evaluate.transformers_methods(tiny_llama(vocab=64, layers=1, seed=4))
@@ -276,8 +293,10 @@ def test_progression_pairs_each_step_with_measurement_and_cost_model():
     overall = pd.DataFrame([
         {"method": "EAGLE tree", "temperature": 0.0, "mean_accepted_length": 2.0, "speedup_geomean_tasks": 1.1},
         {"method": "EAGLE dynamic tree", "temperature": 0.0, "mean_accepted_length": 2.5, "speedup_geomean_tasks": 1.3},
-        {"method": "hybrid tree (auto)", "temperature": 0.0, "mean_accepted_length": 2.6, "speedup_geomean_tasks": 1.4},
-        {"method": "EAGLE tree", "temperature": 1.0, "mean_accepted_length": 1.4, "speedup_geomean_tasks": 0.9}])
+        {"method": "hybrid dynamic tree", "temperature": 1.0, "mean_accepted_length": 1.7,
+         "speedup_geomean_tasks": 1.0},
+        {"method": "EAGLE head", "temperature": 1.0, "mean_accepted_length": 1.4, "speedup_geomean_tasks": 1.2},
+        {"method": "EAGLE head", "temperature": 0.0, "mean_accepted_length": 1.9, "speedup_geomean_tasks": 1.05}])
     summary = overall.assign(task="overall (median)")
     # the cost model's per-task predictions: geometric mean of 1.0 and 1.44 is 1.2
     model = pd.DataFrame([{"method": "EAGLE tree", "task": task, "temperature": 0.0, "predicted speedup": p}
@@ -287,10 +306,8 @@ def test_progression_pairs_each_step_with_measurement_and_cost_model():
     assert table.loc[(fixed_dynamic, "before"), "cost model (geomean over tasks)"] == pytest.approx(1.2)
     assert table.loc[(fixed_dynamic, "after"), "tau"] == 2.5
     assert table.loc[(fixed_dynamic, "after"), "speedup (geomean over tasks)"] == 1.3
-    hybrid = table.loc[("tree shape: fixed -> dynamic (with lookup branches)", "before")]
-    assert hybrid["tau"] == 2.6  # the recommended drafting's "(auto)" mark does not hide it
-    drawn = table.loc[("drafts at T=1: chosen -> drawn from q", "before")]
-    assert drawn["tau"] == 1.4 and drawn["temperature"] == 1.0  # the T=1 row, not the greedy one
-    heads = table.loc["the head: first EAGLE head -> EAGLE-3-style head (chains)"]
-    assert heads["tau"].isna().all()  # neither head measured: rows kept, values nan
+    at_t1 = table.loc[("at T=1: the hybrid dynamic tree -> the head's chain", "after")]
+    assert at_t1["tau"] == 1.4 and at_t1["temperature"] == 1.0  # the T=1 row, not the greedy one
+    drafter = table.loc["the drafter: a trained draft model -> the EAGLE head (chains)"]
+    assert np.isnan(drafter.loc["before", "tau"]) and drafter.loc["after", "tau"] == 1.9  # not measured: nan
     assert len(table) == 2 * len(evaluate.PROGRESSION)

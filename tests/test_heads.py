@@ -344,7 +344,7 @@ def test_load_draft_names_the_draft_kinds():
 
 def test_shipped_heads_load_by_name_for_the_embedded_target(embedded):
     target, tokenizer = embedded
-    for name, kind in ((models.EMBEDDED_EAGLE, sd.EagleDraft), (models.EMBEDDED_MEDUSA, sd.MedusaDraft)):
+    for name, kind in ((models.EMBEDDED_EAGLE_DEEP_TTT, sd.EagleDraft), (models.EMBEDDED_MEDUSA, sd.MedusaDraft)):
         draft = sd.load_draft(name, target)
         assert isinstance(draft, kind) and draft.cfg.target == sd.EMBEDDED_TARGET
         ids = tasks.chat_ids(tokenizer, "Write a Python function that adds two numbers.")
@@ -353,4 +353,4 @@ def test_shipped_heads_load_by_name_for_the_embedded_target(embedded):
         assert torch.equal(gen.tokens, base) and gen.stats.accepted > 0
     with pytest.raises(ValueError, match="fingerprint"):  # the embedded head, a same-shaped but other target
         other = tiny_llama(vocab=49152, layers=1, hidden=576, seed=0, max_positions=64)
-        sd.load_draft(models.EMBEDDED_EAGLE, other)
+        sd.load_draft(models.EMBEDDED_EAGLE_DEEP_TTT, other)

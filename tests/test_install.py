@@ -38,7 +38,7 @@ def test_non_editable_install_loads_the_default_pair_from_elsewhere(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(site), str(ROOT)], check=True, capture_output=True)
     shipped = site / "specdec_lite" / "shipped"
-    assert (shipped / "drafts" / "smollm2-135m-eagle" / "head_config.json").exists()
+    assert (shipped / "drafts" / "smollm2-135m-eagle-deep-ttt" / "head_config.json").exists()
     assert not list(shipped.rglob("training_state.pt")) and not (shipped / "results").exists()
     code = ("import specdec_lite as sd; from specdec_lite import paths; "
             "target, draft, tok = sd.load_pair(device='cpu'); "

@@ -140,3 +140,18 @@ def test_hub_ids_and_folders_pass_the_name_check(tmp_path):
     assert not looks_like_hub_id("/abs/path") and not looks_like_hub_id("../x") and not looks_like_hub_id("a/b/c")
     assert resolve_name(str(tmp_path)) == str(tmp_path)
     assert resolve_name("meta-llama/Llama-3.2-1B-Instruct") == "meta-llama/Llama-3.2-1B-Instruct"
+
+
+@pytest.mark.parametrize("name", ["hybrid-tree", "eagle-tree-drawn", "hybrid-dynamic-store", "lookup-tree",
+                                  "store-tree", "smollm2-135m-eagle"])
+def test_a_removed_draft_name_is_refused_listing_the_names_load_draft_takes(name):
+    """A drafting or head that was removed is refused before anything loads (not looked up as a hub id), and the
+    message lists every name ``load_draft`` takes; ``check_draft_name`` (the notebooks' first check) says the same."""
+    from specdec_lite.drafts.loading import DRAFT_NAMES, check_draft_name
+
+    target = tiny_llama(layers=2)
+    for refuse in (lambda: sd.load_draft(name, target), lambda: check_draft_name(name)):
+        with pytest.raises(ValueError, match=f"draft '{name}' was removed") as err:
+            refuse()
+        assert f"load_draft takes {', '.join(DRAFT_NAMES)}, a head folder" in str(err.value)
+    assert set(DRAFT_NAMES) == {"auto", "hybrid-dynamic", "dynamic-tree", "eagle-tree", "n-gram", "layer-skip"}

@@ -51,7 +51,7 @@ def head_outputs(target, tokenizer, name: str) -> dict:
 
 def all_outputs(target, tokenizer) -> dict:
     return {"draft": draft_outputs(target, tokenizer),
-            "eagle": head_outputs(target, tokenizer, models.EMBEDDED_EAGLE),
+            "eagle": head_outputs(target, tokenizer, models.EMBEDDED_EAGLE_DEEP_TTT),
             "medusa": head_outputs(target, tokenizer, models.EMBEDDED_MEDUSA)}
 
 

@@ -127,15 +127,12 @@ def test_bad_pairs_are_refused_with_what_to_do(pair, message):
 
 def test_heads_default_to_the_ones_trained_for_the_target(embedded, local_pairs):
     target, _ = embedded
-    assert heads_for(target) == ["smollm2-135m-eagle", "smollm2-135m-eagle-deep", "smollm2-135m-eagle-deep-ttt",
-                                 "smollm2-135m-eagle-replies",
-                                 "smollm2-135m-eagle-self", "smollm2-135m-eagle-ttt", "smollm2-135m-eagle-ttt2",
-                                 "smollm2-135m-eagle3", "smollm2-135m-medusa"]
+    assert heads_for(target) == ["smollm2-135m-eagle-deep-ttt", "smollm2-135m-medusa"]
     tiny, _ = load_model(str(local_pairs / "tiny-1l"), device="cpu", dtype="float32")
     assert heads_for(tiny) == []
     drafts, skipped = drafts_for_pair(tiny, heads="auto")
-    assert list(drafts) == ["n-gram", "lookup tree"]
-    assert set(skipped) == {"heads", "layer-skip", "EAGLE adaptive / tree / hybrid"}
+    assert list(drafts) == ["n-gram", "lookup tree (auto)"]
+    assert set(skipped) == {"heads", "layer-skip", "EAGLE tree / dynamic tree / hybrid"}
     assert "keep all 1 of the target's layers" in skipped["layer-skip"]
     with pytest.raises(ValueError, match="train a head for this target"):  # named explicitly: still refused
-        drafts_for_pair(tiny, heads="smollm2-135m-eagle")
+        drafts_for_pair(tiny, heads="smollm2-135m-eagle-deep-ttt")

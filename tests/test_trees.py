@@ -8,7 +8,6 @@ from specdec_lite.core import tree as tree_module
 from specdec_lite.core.decode import EXACT
 from specdec_lite.core.drafter import ByTemperature, ModelDraft
 from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
-from specdec_lite.drafts.datastore import Datastore, DatastoreTreeDraft
 from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft,
                                       LookupTreeDraft, best_budget, SampledTreeDraft, measured_dynamic_tree)
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
@@ -27,20 +26,12 @@ def toy(vocab=4, seed=3):
     return random_pair(vocab=vocab, concentration=0.7, seed=seed)
 
 
-def store_tree(vocab: int, budget: int = 4) -> DatastoreTreeDraft:
-    """A retrieval draft over a few fixed "earlier replies" in a ``vocab``-token alphabet, several of which
-    continue the test prompts' endings in different ways (so the trees branch)."""
-    records = [[1, 2, 3 % vocab, 0], [1, 2, 0, 1], [2, 2, 1], [0, 1, 2, 3 % vocab, 2], [0, 2, 1, 1], [2, 0, 2, 2]]
-    return DatastoreTreeDraft(Datastore([np.array(r) for r in records], key_length=6), budget=budget, max_match=3,
-                              min_frequency=0.0)
-
-
 @pytest.mark.parametrize("sampling", SETTINGS, ids=["T1", "T0.7-topk-topp", "greedy"])
-@pytest.mark.parametrize("kind", ["lookup tree", "store tree", "sampled tree", "adaptive chain"])
+@pytest.mark.parametrize("kind", ["lookup tree", "sampled tree", "adaptive chain"])
 def test_exact_law_of_first_three_tokens(kind, sampling):
     """Every branch enumerated: the law of the first 3 emitted tokens equals the target's to 1e-9."""
     target, draft = toy(vocab=3) if kind == "sampled tree" else toy()  # sampled trees: every draw enumerated
-    drafters = {"lookup tree": lambda: LookupTreeDraft(branches=2, max_ngram=2), "store tree": lambda: store_tree(4),
+    drafters = {"lookup tree": lambda: LookupTreeDraft(branches=2, max_ngram=2),
                 "sampled tree": lambda: SampledTreeDraft(draft, width=2, depth=2),
                 "adaptive chain": lambda: ModelDraft(draft, adaptive=AdaptiveLength(threshold=0.45, step=0.0))}
     want = exact_target_distribution(target, PROMPT, 3, sampling)
@@ -303,29 +294,22 @@ def small_dynamic_tree(head) -> DynamicTreeDraft:
 
 
 EAGLE_TREES = {
-    "drawn EAGLE tree": lambda head: EagleTreeDraft(head, width=2, draw=True),
-    "drawn EAGLE tree, entropy-adaptive": lambda head: EagleTreeDraft(
-        head, width=2, draw=True, adaptive=AdaptiveLength(threshold=0.6, step=0.0, entropy=True)),
+    "EAGLE tree, entropy-adaptive": lambda head: EagleTreeDraft(
+        head, width=2, adaptive=AdaptiveLength(threshold=0.6, step=0.0, entropy=True)),
     "dynamic tree": small_dynamic_tree,
     "chosen adaptive EAGLE tree": lambda head: EagleTreeDraft(head, width=2,
                                                                adaptive=AdaptiveLength(threshold=0.5, step=0.0)),
-    "drawn hybrid tree": lambda head: HybridTreeDraft(LookupTreeDraft(branches=2),
-                                                      EagleTreeDraft(head, width=2, draw=True)),
-    "drawn hybrid tree with a store": lambda head: HybridTreeDraft(
-        LookupTreeDraft(branches=2), EagleTreeDraft(head, width=2, draw=True), store_tree(3, budget=3)),
-    "dynamic hybrid tree with a store": lambda head: HybridTreeDraft(
-        LookupTreeDraft(branches=2), small_dynamic_tree(head), store_tree(3, budget=3)),
+    "dynamic hybrid tree": lambda head: HybridTreeDraft(LookupTreeDraft(branches=2), small_dynamic_tree(head)),
+    "EAGLE chain": lambda head: head,
 }
-EAGLE_TREES["dynamic hybrid tree with a store, two-layer head"] = EAGLE_TREES["dynamic hybrid tree with a store"]
-EAGLE_TREES["dynamic hybrid tree"] = lambda head: HybridTreeDraft(LookupTreeDraft(branches=2), small_dynamic_tree(head))
-AUTO_SHAPE = "auto's shape: the dynamic hybrid with a store greedy, without it at T > 0"
+EAGLE_TREES["dynamic hybrid tree, two-layer head"] = EAGLE_TREES["dynamic hybrid tree"]
+AUTO_SHAPE = "auto's shape: the dynamic hybrid tree greedy, the head's chain at T > 0"
 
 
 def auto_shape(head) -> ByTemperature:
-    """As ``load_draft("auto")`` builds it: both hybrids on one dynamic tree, the store's branches greedy only."""
-    dynamic = small_dynamic_tree(head)
-    return ByTemperature(HybridTreeDraft(LookupTreeDraft(branches=2), dynamic, store_tree(3, budget=3)),
-                         HybridTreeDraft(LookupTreeDraft(branches=2), dynamic))
+    """As ``load_draft("auto")`` builds it: lookup branches and the dynamic tree greedy, the head itself (its chain)
+    at T > 0."""
+    return ByTemperature(HybridTreeDraft(LookupTreeDraft(branches=2), small_dynamic_tree(head)), head)
 
 
 EAGLE_TREES[AUTO_SHAPE] = auto_shape
@@ -344,9 +328,9 @@ def eagle_tree(kind, target):
 @pytest.mark.parametrize("sampling", SETTINGS, ids=["T1", "T0.7-topk-topp", "greedy"])
 @pytest.mark.parametrize("kind", EAGLE_TREES)
 def test_exact_law_of_eagle_trees(kind, sampling):
-    """Every tree the head can propose (``tree_law``: every draw, from the head's cache-free reference; the one
-    tree of a choosing drafter, from the live drafter primed as the loop leaves it) and every verifier outcome,
-    round after round: the law of the first 3 tokens is the target's to 1e-9 (float64 tiny Llama target)."""
+    """The one tree a choosing drafter proposes (from the live drafter primed as the loop leaves it; the chain:
+    every proposal, weighted by q from the head's cache-free reference) and every verifier outcome, round after
+    round: the law of the first 3 tokens is the target's to 1e-9 (float64 tiny Llama target)."""
     target = tiny_llama(vocab=3, layers=2, seed=11).double()
     want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
     got = exact_speculative_distribution(target, eagle_tree(kind, target), EAGLE_PROMPT, gamma=2, n=3,
@@ -355,11 +339,13 @@ def test_exact_law_of_eagle_trees(kind, sampling):
     assert max_abs_difference(got, want) < 1e-9
 
 
-@pytest.mark.parametrize("kind", ["drawn hybrid tree", "drawn hybrid tree with a store"])
-@pytest.mark.parametrize("name", [name for name in TREE_MUTANTS if "compaction" not in name])
-def test_enumeration_rejects_broken_verifiers_of_the_drawn_hybrid_tree(name, kind):
-    """Lookup branches (and a store's, chosen) and the head's drawn candidates under the same parents: each broken
-    tree verifier moves the law of the first 3 tokens by more than 1e-3 (the exact verifier: 1e-9, above)."""
+@pytest.mark.parametrize("name", [name for name in TREE_MUTANTS if "compaction" not in name and "bonus" not in name])
+def test_enumeration_rejects_broken_verifiers_of_the_hybrid_tree(name):
+    """Lookup branches and the dynamic tree's candidates under the same parents (auto's greedy drafting, here at
+    T = 1): each broken tree verifier its chosen nodes can expose moves the law of the first 3 tokens by more than
+    1e-3 (the exact verifier: 1e-9, above). The bonus drawn at the parent leaves this law as it is (chosen nodes,
+    gamma 2); the sampled trees expose it (``test_exact_enumeration_rejects_broken_tree_verifiers``)."""
+    kind = "dynamic hybrid tree"
     target = tiny_llama(vocab=3, layers=2, seed=11).double()
     sampling = sd.SamplingParams(temperature=1.0)
     want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
@@ -369,18 +355,15 @@ def test_enumeration_rejects_broken_verifiers_of_the_drawn_hybrid_tree(name, kin
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["drawn EAGLE tree", "dynamic tree", "drawn hybrid tree",
-                                  "dynamic hybrid tree with a store",
-                                  "dynamic hybrid tree with a store, two-layer head"])
+@pytest.mark.parametrize("kind", ["dynamic tree", "dynamic hybrid tree", "dynamic hybrid tree, two-layer head"])
 def test_t1_eagle_trees_keep_the_target_law(kind):
     """The EAGLE head's trees at T = 1, gamma 2, on a tiny Llama (its tree forward: mask and positions) with a
-    random EAGLE-3-style head: the chain and its siblings drawn from q (width 2), EAGLE-2's dynamic tree (chosen
-    candidates), lookup branches with the head's drawn candidates (the hybrid), or the dynamic tree with lookup and
-    store branches (the shape of "auto"), also on a head of two decoder layers. The first round is the
-    prefill, so the first three tokens are where the tree acts. n = 3,000 runs of the real loop; chi-square of the
-    first three tokens (27 cells) against the target's exact law at level 1e-3. Against the loop with the residual
-    left out of the verifier the test's power, from that loop's law by enumeration, is > 0.99, and it rejects that
-    loop run."""
+    random EAGLE-3-style head: EAGLE-2's dynamic tree (chosen candidates), or the dynamic tree with lookup branches
+    (auto's greedy drafting), also on a head of two decoder layers (the chain with siblings moves the broken law
+    too little for this test's power: its exact law is checked above). The first round is the prefill, so the
+    first three tokens are where the tree acts. n = 3,000 runs of the real loop; chi-square of the first three
+    tokens (27 cells) against the target's exact law at level 1e-3. Against the loop with the residual left out of
+    the verifier the test's power, from that loop's law by enumeration, is > 0.99, and it rejects that loop run."""
     target = tiny_llama(vocab=3, layers=2, seed=11)
     sampling, n = sd.SamplingParams(temperature=1.0), 3000
     want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
@@ -404,7 +387,7 @@ def test_by_temperature_runs_the_drafting_of_the_generation_s_temperature():
     """``ByTemperature`` (auto's shape) runs its greedy drafting greedy and its other one at T > 0: the same tokens
     and the same rounds, seed for seed, as each drafting alone; it cannot be run without being asked which."""
     target = tiny_llama(vocab=3, layers=2, seed=11)
-    alone = {0.0: "dynamic hybrid tree with a store", 1.0: "dynamic hybrid tree"}
+    alone = {0.0: "dynamic hybrid tree", 1.0: "EAGLE chain"}
     differ = False
     for temperature, kind in alone.items():
         sampling = sd.SamplingParams(temperature=temperature)
@@ -419,79 +402,6 @@ def test_by_temperature_runs_the_drafting_of_the_generation_s_temperature():
     assert differ
     with pytest.raises(TypeError, match="at\\(sampling\\)"):
         eagle_tree(AUTO_SHAPE, target).begin(torch.tensor([EAGLE_PROMPT]))
-
-
-@pytest.mark.parametrize("kind", ["drawn EAGLE tree", "drawn hybrid tree"])
-@pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["T1", "greedy"])
-def test_tree_law_is_what_the_live_drafter_draws(temperature, kind):
-    """The enumerated trees are the live drafter's: 200 trees the drawn EAGLE tree (alone, or with the hybrid's
-    lookup branches) proposes (its caches primed as the loop leaves them after a 4-token context) are each among
-    ``tree_law``'s trees, with the same q at every node to 1e-5, and the law's probabilities sum to 1; greedy, the
-    one tree is the live one."""
-    target = tiny_llama(vocab=3, layers=2, seed=11)
-    sampling, context = sd.SamplingParams(temperature=temperature), torch.tensor([[0, 2, 1, 2]])
-    drafter = eagle_tree(kind, target)
-    lookup_nodes = 2 if kind == "drawn hybrid tree" else 0  # the context's last token, 2, was followed by 1
-    law = {(tuple(t.tokens.tolist()), tuple(t.parents.tolist())): t
-           for t, _ in drafter.tree_law(context[0], 2, sampling)}
-    assert abs(sum(pr for _, pr in drafter.tree_law(context[0], 2, sampling)) - 1) < 1e-12
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(200 if temperature else 1):
-        _observed(target, drafter, context)
-        live = drafter.propose_tree(context, torch.tensor([4]), 2, sampling, generator)
-        enumerated = law[(tuple(live.tokens.tolist()), tuple(live.parents.tolist()))]
-        assert torch.equal(live.drawn, enumerated.drawn)
-        if temperature or not lookup_nodes:  # greedy, the head's chosen nodes may merge with the lookup's
-            assert live.size == 1 + 2 + 2 + lookup_nodes  # two candidates at each of the two depths
-        if temperature:
-            assert int(live.drawn.sum()) == 4  # the head's, drawn; the lookup's are chosen
-            drawn = live.drawn.nonzero().flatten()
-            assert torch.allclose(live.q[drawn].double(), enumerated.q[drawn], atol=1e-5)
-    assert len(law) == (36 if temperature else 1)  # 3 x 2 ordered pairs of distinct tokens at each depth
-
-
-def test_drawn_candidates_are_drawn_without_replacement():
-    """With draw=True at T = 1 every candidate carries the q it was drawn from: the second sibling's is the
-    first's with the first's token removed and renormalised, so siblings never repeat; and the first candidate is
-    not always the head's most likely token (it is drawn)."""
-    from test_heads import random_head_draft
-
-    target = tiny_llama(vocab=3, layers=2, seed=11)
-    drafter = EagleTreeDraft(random_head_draft(target, "eagle3", seed=3), width=2, draw=True)
-    trees = []
-    drafter.propose_tree = lambda *a, grow=drafter.propose_tree: trees.append(grow(*a)) or trees[-1]
-    for s in range(20):
-        sd.speculative_generate(target, drafter, torch.tensor([0, 2]), gamma=2, max_new_tokens=3,
-                                sampling=sd.SamplingParams(temperature=1.0), seed=s)
-    drawn = [t for t in trees if t.size > 1]
-    assert drawn and all(bool(t.drawn[1:].all()) for t in drawn)
-    for t in drawn:
-        first, second = t.children(0)
-        assert int(t.tokens[first]) != int(t.tokens[second])
-        want = t.q[first].clone()
-        want[t.tokens[first]] = 0
-        assert torch.allclose(t.q[second], want / want.sum())
-    assert any(int(t.tokens[1]) != int(t.q[1].argmax()) for t in drawn)
-
-
-class UnconditionalSiblings(EagleTreeDraft):
-    """A broken drawn tree: siblings drawn without replacement but recorded with the unconditional q."""
-
-    def candidate_law(self, logits, sampling):
-        return [(tokens, [qs[0]] * len(qs), prob) for tokens, qs, prob in super().candidate_law(logits, sampling)]
-
-
-def test_siblings_verified_with_the_unconditional_q_break_the_law():
-    """The q each sibling records matters: verified with q instead of the conditional law it was drawn from, the
-    second sibling makes the first 3 tokens' law differ from the target's by more than 1e-3 (1e-9 when right)."""
-    from test_heads import random_head_draft
-
-    target = tiny_llama(vocab=3, layers=2, seed=11).double()
-    sampling = sd.SamplingParams(temperature=1.0)
-    want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
-    broken = UnconditionalSiblings(random_head_draft(target, "eagle3", seed=3), width=2, draw=True)
-    got = exact_speculative_distribution(target, broken, EAGLE_PROMPT, gamma=2, n=3, sampling=sampling)
-    assert max_abs_difference(got, want) > 1e-3
 
 
 def test_the_node_budget_keeps_what_pays_by_the_cost_model():
@@ -565,12 +475,14 @@ def test_dynamic_tree_depth_is_what_the_cost_model_pays_for():
     assert n == 2 and speed == pytest.approx((1 + 0.9 + 0.5) / (1.0 + 1.4))
 
 
-def test_measured_dynamic_tree_reads_this_machines_costs():
+def test_measured_dynamic_tree_reads_this_machines_costs(tmp_path, monkeypatch):
     """``measured_dynamic_tree`` times the target over 1..8 tokens and a drafting round: v(1) = 1, v(n) is the
     interpolation of what it measured (each point at least the largest before it: a tiny model's timings are
-    noise), the head's cost per level is positive, and the tree it drafts keeps greedy output the target's own."""
+    noise), the head's cost per level is positive, and the tree it drafts keeps greedy output the target's own.
+    (Its profile file goes to a fresh cache: ``tests/test_cost_profiles.py`` tests the keeping.)"""
     from test_heads import random_head_draft
 
+    monkeypatch.setenv("SPECDEC_LITE_CACHE", str(tmp_path))
     target = tiny_llama(vocab=64, seed=0)
     drafter = measured_dynamic_tree(random_head_draft(target, "eagle3"), target, top_k=2, max_depth=3, repeats=2,
                                     tokens=(1, 2, 8))

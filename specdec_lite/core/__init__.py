@@ -9,6 +9,8 @@
   decode      the loop, top to bottom, and the autoregressive baseline
   models      loading a model by package name, Hugging Face id or local path; the "auto" dtype
   batch_invariance  batch-invariant layers (bfloat16 on the CPU keeps greedy identity)
+  timing      wall-clock costs on this machine: a forward over n new tokens, v(n)
+  cost_profiles  measured costs kept per machine and setting (JSON in the cache), read back by later loads
   memory      will a model and its cache fit
   packed_linear  linear layers on oneDNN-packed weights, float32 and bfloat16 (cheaper forwards on CPUs)
 """

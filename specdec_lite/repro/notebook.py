@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 
 from .. import paths
-from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_TARGET, check_model_name, dtype_name,
+from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_MEDUSA, EMBEDDED_TARGET, check_model_name, dtype_name,
                            resolve_device, resolve_dtype)
 from ..drafts.loading import check_draft_name
 
 SMOKE_ENV = "SPECDEC_SMOKE"
 PUBLISH_ENV = "SPECDEC_PUBLISH"
-SHIPPED_HEADS_PREFIX = EMBEDDED_EAGLE.removesuffix("-eagle")  # 00_train_heads' name_prefix of the shipped heads
+SHIPPED_HEADS_PREFIX = EMBEDDED_MEDUSA.removesuffix("-medusa")  # 00_train_heads' name_prefix of the shipped heads
 SHIPPED_DRAFTS = (EMBEDDED_DRAFT, SHIPPED_HEADS_PREFIX)  # what a publishing run may name as its draft
 
 

@@ -5,8 +5,9 @@
   batching   padded batches for teacher forcing and training; the most frequent reply tokens
   draft      the standalone draft model, distilled from the target's top-k soft labels
   heads      the EAGLE-style head and the Medusa heads, trained on the features
-  continued  EAGLE heads continued on more of the target's replies, each from the head before it
+  continued  the shipped EAGLE head continued on more of the target's replies
   eagle3     the EAGLE-3-style head, trained unrolled on its own predictions
+  refill     batched sampling whose rows take the next prompt as soon as their reply ends
   sources    training prompts harvested from the files installed on the machine
   self_prompts  requests the target writes itself, for prompts that read like the evaluation's
   teacher    installed text, tokenized, for teacher forcing

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..core.models import EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_MEDUSA, EMBEDDED_TARGET
+from ..core.models import EMBEDDED_DRAFT, EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_MEDUSA, EMBEDDED_TARGET
 from ..drafts.heads import parameter_count
 from ..paths import drafts_dir
 from ..show import to_markdown
@@ -30,7 +30,8 @@ def refuse_shipped_names(out_dirs, target_name: str) -> None:
     """Training for another target under a shipped checkpoint's name would overwrite that checkpoint: refuse,
     before any work, saying which parameter gives the new one its own name."""
     for out_dir in map(Path, out_dirs):
-        shipped = out_dir.parent == drafts_dir() and out_dir.name in (EMBEDDED_DRAFT, EMBEDDED_EAGLE, EMBEDDED_MEDUSA)
+        shipped = out_dir.parent == drafts_dir() and out_dir.name in (EMBEDDED_DRAFT, EMBEDDED_EAGLE_DEEP_TTT,
+                                                                      EMBEDDED_MEDUSA)
         if shipped and target_name != EMBEDDED_TARGET:
             raise ValueError(f"{out_dir.name} is the checkpoint shipped for {EMBEDDED_TARGET}; training one for "
                              f"{target_name} would overwrite it. Give yours another name (-p draft <name> in "
@@ -170,7 +171,7 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
 
 def eagle3_card(out_dir: Path, trainer, comparison) -> str:
     """The EAGLE-3-style head's card; ``trainer`` is the ``train.eagle3.Eagle3Trainer`` that trained it and
-    ``comparison`` its held-out figures beside the first head's (``eagle3.compare_heads``)."""
+    ``comparison`` its held-out figures beside the shipped EAGLE head's (``eagle3.compare_heads``)."""
     out_dir, cfg, hc = Path(out_dir), trainer.cfg, trainer.head_cfg
     size = (out_dir / "head.safetensors").stat().st_size / 1e6
     replies = sum(len(t) - start for t, start in trainer.data.replies)
@@ -180,7 +181,7 @@ def eagle3_card(out_dir: Path, trainer, comparison) -> str:
     return write_card(
         out_dir, f"{out_dir.name}: an EAGLE-3-style head for {hc.target}",
         "Trained by specdec_lite (`python -m specdec_lite.train.eagle3`) from the target alone, and shipped because "
-        "it beats the first EAGLE head on the same held-out replies (table at the end). Tree drafts use it "
+        "it beats the shipped EAGLE head on the same held-out replies (table at the end). Tree drafts use it "
         f"when it is named (`tree_draft(name, target, head=\"{out_dir.name}\")`; `load_draft(\"auto\")` uses "
         "the head `loading.recommended_eagle` names); load it alone with `specdec_lite.load_pair(target, "
         f"draft=\"{out_dir.name}\")`. It refuses any other target (weights fingerprint `{hc.target_fingerprint}`).",
@@ -203,10 +204,11 @@ def eagle3_card(out_dir: Path, trainer, comparison) -> str:
         "acceptance of a token drawn from q at T = 1, sum_x min(p, q). Log (`training_log.jsonl`):",
         trainer.loop.log, {"step": "step", "minutes": "minutes", "train_loss": "train loss",
                            **{k: k.replace("heldout_", "held-out ") for k in heldout}},
-        evaluation=None) + append_comparison(out_dir, comparison, "`specdec_lite.train.eagle3.compare_heads`")
+        evaluation=None) + append_comparison(out_dir, comparison, "`specdec_lite.train.eagle3.compare_heads`",
+                                          "the shipped EAGLE head")
 
 
-def append_comparison(out_dir: Path, comparison, made_by: str, other: str = "the first EAGLE head") -> str:
+def append_comparison(out_dir: Path, comparison, made_by: str, other: str) -> str:
     """Append the held-out comparison with ``other`` (made by the function ``made_by`` names) to the card in
     ``out_dir``; returns the added text."""
     text = (f"\n## Held-out: {other} beside this one\n\nThe same held-out replies, the same function "

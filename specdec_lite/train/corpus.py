@@ -55,11 +55,28 @@ import torch
 
 from .. import paths
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
-from ..drafts.datastore import load_index, load_records  # the corpus readers: the retrieval draft reads it too
 from .refill import RefillingSampler
 
 TEMPERATURES = (0.0, 0.7, 1.0)  # cycled over records: greedy text for greedy acceptance, sampled for variety
 SOURCE_TEMPERATURES = (0.0, 1.0)  # the harvested prompts: greedy and plain sampling, as in the evaluation
+
+
+def load_index(out_dir: Path | None = None) -> list[dict]:
+    """The corpus's index entries (``index.jsonl``), one per record (none in a new folder)."""
+    path = Path(out_dir or paths.corpus_dir()) / "index.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_records(out_dir: Path | None = None) -> list[tuple[dict, np.ndarray]]:
+    """[(index entry, token ids of prompt + reply)] for every stored record (none in a new folder)."""
+    out_dir = Path(out_dir or paths.corpus_dir())
+    if not (out_dir / "tokens.bin").exists():
+        return []
+    tokens = np.fromfile(Path(out_dir) / "tokens.bin", dtype=np.uint16)
+    return [(e, tokens[e["offset"]: e["offset"] + e["prompt_len"] + e["gen_len"]].astype(np.int64))
+            for e in load_index(out_dir)]
 
 _CODE_TASKS = [
     "reverses a linked list", "merges two sorted lists", "counts the vowels in a string", "computes a factorial",
@@ -170,16 +187,6 @@ def summary_prompts(tokenizer, out_dir: Path | None = None, seed: int = 0) -> li
         out.append({"id": f"train-summarize-{entry['id']}", "family": "summarize",
                     "prompt": f"{instruction}\n\n{passage}"})
     return out
-
-
-def first_self_made(index: list[dict]) -> int:
-    """The index of the first record that answers a prompt made from the target's own requests (``self-`` ids);
-    the corpus has appended only those since. Refused when there is none."""
-    first = next((i for i, e in enumerate(index) if e["id"].startswith("self-")), None)
-    if first is None:
-        raise ValueError("the corpus holds no replies to the target's own requests: write them first (python -m "
-                         "specdec_lite.train.self_prompts, then python -m specdec_lite.train.corpus --self-made)")
-    return first
 
 
 def _append(out_dir: Path, entries: list[dict], arrays: list[np.ndarray]) -> None:

@@ -1,0 +1,132 @@
+"""The dynamic tree's costs: measured in several passes with their spread, kept per machine and setting in a JSON
+profile (``core.cost_profiles``), read back by a later build, measured again when the file is damaged or asked to."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec_lite as sd
+from specdec_lite.core import cost_profiles
+from specdec_lite.core.lm import use_static_cache
+from specdec_lite.drafts import trees
+from specdec_lite.drafts.trees import dynamic_tree_profile_key, measured_dynamic_tree
+
+from conftest import tiny_llama
+from test_heads import random_head_draft
+
+SMALL = dict(max_depth=3, repeats=2, passes=3, tokens=(1, 2, 8))  # a quick measurement
+PROMPT = torch.tensor([[5, 9, 11, 3, 7]])
+
+
+@pytest.fixture
+def profiles(tmp_path, monkeypatch):
+    """The cost profiles folder of a fresh cache."""
+    monkeypatch.setenv("SPECDEC_LITE_CACHE", str(tmp_path))
+    return tmp_path / "cost_profiles"
+
+
+def build(target, top_k=2, **options):
+    return measured_dynamic_tree(random_head_draft(target, "eagle3"), target, top_k=top_k, **{**SMALL, **options})
+
+
+def drafted_tree(drafter, target):
+    """The tree ``drafter`` proposes after the target's forward over ``PROMPT``, as (tokens, parents) lists."""
+    lm = sd.HFCausalLM(target)
+    lm.reset(1)
+    _, hidden = lm.feed(PROMPT[:, :-1], hidden_layers=drafter.feature_layers)
+    drafter.begin(PROMPT)
+    drafter.observe(hidden, 0)
+    tree = drafter.propose_tree(PROMPT, torch.tensor([PROMPT.shape[1]]), 4, sd.SamplingParams(temperature=0), None)
+    return tree.tokens.tolist(), tree.parents.tolist()
+
+
+def test_a_second_build_reads_the_profile_instead_of_timing(profiles, monkeypatch, capsys):
+    """The first build measures (3 passes: each cost the median over them, its [min, median, max] kept) and saves
+    the profile; a second with the same key reads the file, saying so, without timing anything, and has the same
+    costs, so the same budget decisions and trees; ``remeasure=True`` times again."""
+    target = tiny_llama(vocab=64, seed=0)
+    first = build(target)
+    costs = first.costs
+    assert costs["source"] == "measured" and costs["passes"] == 3
+    assert list(profiles.iterdir()) == [Path(costs["file"])]  # one file, no temporary left behind
+    assert set(costs["spread"]["v"]) == {1, 2, 8} and costs["spread"]["v"][1] == [1.0, 1.0, 1.0]
+    for n, (low, median, high) in costs["spread"]["v"].items():
+        assert low <= median <= high and median == costs["v"][n]
+    low, median, high = costs["spread"]["head_cost"]
+    assert 0 < low <= median <= high and median == first.head_cost
+    assert f"saved to {costs['file']}" in capsys.readouterr().out
+    assert costs["cpus"] == os.cpu_count() and costs["load_average"] >= 0 and costs["measured_at"]
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("timed again although the profile is kept")
+
+    monkeypatch.setattr(trees, "forward_seconds", no_timing)
+    monkeypatch.setattr(trees, "round_seconds", no_timing)
+    second = build(target)
+    assert second.costs["source"] == "read" and second.costs["file"] == costs["file"]
+    printed = capsys.readouterr().out
+    assert printed.count("\n") == 1 and f"read from {costs['file']}" in printed
+    assert {**second.costs, "source": "measured"} == costs
+    assert second.head_cost == first.head_cost
+    assert [second.verify_cost(n) for n in range(1, 70)] == [first.verify_cost(n) for n in range(1, 70)]
+    assert drafted_tree(second, target) == drafted_tree(first, target)
+    with pytest.raises(AssertionError, match="timed again"):
+        build(target, remeasure=True)
+
+
+def test_the_profile_is_keyed_by_what_changes_the_costs(profiles):
+    """A different dtype, top_k or KV cache is another key and another file; the same settings the same."""
+    target = tiny_llama(vocab=64, seed=0)
+    eagle = random_head_draft(target, "eagle3")
+    key = dynamic_tree_profile_key(eagle, target, 2, **SMALL)
+    assert key == dynamic_tree_profile_key(random_head_draft(target, "eagle3"), target, 2, **SMALL)
+    machine = key["machine"]
+    assert machine["processor"] and machine["threads"] == torch.get_num_threads() and machine["device"] == "cpu"
+    assert (machine["dtype"], machine["cache"], machine["torch"]) == ("float32", "dynamic", torch.__version__)
+    half = tiny_llama(vocab=64, seed=0).to(torch.bfloat16)
+    other_keys = {"bfloat16": dynamic_tree_profile_key(random_head_draft(half, "eagle3"), half, 2, **SMALL),
+                  "top_k 3": dynamic_tree_profile_key(eagle, target, 3, **SMALL)}
+    static = use_static_cache(tiny_llama(vocab=64, seed=0), max_length=128)
+    other_keys["static cache"] = dynamic_tree_profile_key(random_head_draft(static, "eagle3"), static, 2, **SMALL)
+    assert other_keys["bfloat16"]["machine"]["dtype"] == "bfloat16"
+    assert other_keys["static cache"]["machine"]["cache"] == "static, 128 tokens"
+    path = cost_profiles.profile_path("dynamic-tree", key)
+    assert path.parent == profiles
+    others = {cost_profiles.profile_path("dynamic-tree", k) for k in other_keys.values()}
+    assert len(others) == 3 and path not in others
+    first, wider = build(target), build(target, top_k=3)
+    assert wider.costs["source"] == "measured" and wider.costs["file"] != first.costs["file"]
+    assert len(list(profiles.glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other format", "malformed spread"])
+def test_a_damaged_or_other_version_profile_is_measured_again(profiles, capsys, damage):
+    """A file that is not JSON, one of another format, or one whose spread is not [min, median, max] is measured
+    again, saying why, and replaced by a good one that the next build reads."""
+    target = tiny_llama(vocab=64, seed=0)
+    path = Path(build(target).costs["file"])
+    saved = json.loads(path.read_text())
+    if damage == "truncated":
+        path.write_text(path.read_text()[:100])
+    elif damage == "other format":
+        path.write_text(json.dumps({**saved, "format": cost_profiles.FORMAT + 1}))
+    else:
+        saved["costs"]["spread"]["head_cost"] = [3.0, 2.0, 1.0]
+        path.write_text(json.dumps(saved))
+    capsys.readouterr()
+    again = build(target)
+    assert again.costs["source"] == "measured" and again.costs["file"] == str(path)
+    why = {"truncated": "is unreadable (JSONDecodeError", "other format": f"has format {cost_profiles.FORMAT + 1}",
+           "malformed spread": "holds malformed costs (ValueError: a spread must be [min, median, max]"}[damage]
+    assert why in capsys.readouterr().out
+    assert json.loads(path.read_text())["format"] == cost_profiles.FORMAT
+    assert build(target).costs["source"] == "read"
+
+
+def test_a_profile_measured_on_a_busy_machine_says_so():
+    """Costs timed while other work shared the cores (a load average above the CPU count) come with a warning."""
+    assert "busy then, load average 6.8 on 2 CPUs" in cost_profiles.busy_note({"load_average": 6.8, "cpus": 2})
+    assert cost_profiles.busy_note({"load_average": 1.5, "cpus": 2}) == ""
+    assert cost_profiles.busy_note({"load_average": None, "cpus": 2}) == ""
