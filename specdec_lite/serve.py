@@ -60,7 +60,7 @@ class Engine:
     def generate(self, messages: list, max_tokens: int, temperature: float, top_p: float, seed: int,
                  on_text, cancelled: threading.Event) -> Completion:
         """Decode one chat (on the worker thread); ``on_text(piece)`` gets the new text after every round."""
-        from .core.decode import autoregressive_generate, speculative_generate
+        from .core.decode import autoregressive_generate, end_tokens, speculative_generate
         from .core.sampling import SamplingParams
         from .repro.tasks import chat_ids
 
@@ -76,15 +76,16 @@ class Engine:
                 on_text(text[len(sent):])
                 sent = text
 
+        # no eos_token_id: the loop stops at the model's own end-of-sequence token(s), as transformers' generate
         options = dict(max_new_tokens=max_tokens, sampling=SamplingParams(temperature=temperature, top_p=top_p),
-                       seed=seed, eos_token_id=self.tokenizer.eos_token_id, on_round=on_round)
+                       seed=seed, on_round=on_round)
         if self.draft is None:
             out = autoregressive_generate(self.model, ids, **options)
         else:
             out = speculative_generate(self.model, self.draft, ids, gamma=self.gamma, **options)
         tokens = out.tokens
         self.metrics.count(ids.shape[1], out.stats)
-        finish = "stop" if len(tokens) and int(tokens[-1]) == self.tokenizer.eos_token_id else "length"
+        finish = "stop" if len(tokens) and int(tokens[-1]) in end_tokens(self.model) else "length"
         return Completion(self.tokenizer.decode(tokens, skip_special_tokens=True), ids.shape[1], len(tokens), finish)
 
 

@@ -12,10 +12,12 @@ DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
 
 
 def tiny_llama(vocab=64, layers=4, hidden=32, seed=0, max_positions=256):
+    """A random Llama with no end-of-sequence token (LlamaConfig's default would make token 2 one): its runs go to
+    max_new_tokens unless a test sets ``generation_config.eos_token_id``."""
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=max_positions, tie_word_embeddings=False)
+                         max_position_embeddings=max_positions, tie_word_embeddings=False, eos_token_id=None)
     model = LlamaForCausalLM(config).to(DEVICE).eval()
     # sharpen the random model's output so greedy paths are not decided by float noise
     with torch.no_grad():

@@ -1,6 +1,7 @@
 """The package's shape: layers that import only downwards, no import cycles, a light top-level import, no
 borrowed private names, data found through one module, clean command-line entry points."""
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,38 @@ def test_entry_point_runs_without_warnings(module):
     run = subprocess.run([sys.executable, "-W", "error", "-m", module, "--help"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "usage:" in run.stdout and "Warning" not in run.stderr, run.stderr
+
+
+SUBPACKAGES = ["core", "drafts", "repro", "train"]
+
+
+def listed_modules(docstring: str) -> set[str]:
+    """The module names a subpackage's docstring lists: lines indented by two spaces that start with one name or a
+    comma-separated run of names, then two or more spaces and the description (deeper indents continue a line)."""
+    listed = set()
+    for line in docstring.splitlines():
+        match = re.match(r"^  (\w+(?:, \w+)*)\s{2,}\S", line)
+        if match:
+            listed.update(match.group(1).split(", "))
+    return listed
+
+
+def test_listed_modules_reads_names_and_skips_continuations():
+    doc = "Title.\n\n  a, b_c   what they do\n               a continuation, not names\n  d  one more\n"
+    assert listed_modules(doc) == {"a", "b_c", "d"}
+
+
+@pytest.mark.parametrize("subpackage", SUBPACKAGES)
+def test_subpackage_docstring_lists_every_module(subpackage):
+    folder = PACKAGE / subpackage
+    actual = {p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
+    listed = listed_modules(ast.get_docstring(ast.parse((folder / "__init__.py").read_text()), clean=False) or "")
+    assert listed == actual, f"{subpackage}/__init__.py lists {sorted(listed - actual)} that do not exist and " \
+                             f"misses {sorted(actual - listed)}"
+
+
+def test_only_paths_names_the_data_folders():
+    """Every data path is built by ``paths``: no other module joins the checkout's "data" folder itself."""
+    builders = [name for name, path in modules().items()
+                if name != "specdec_lite.paths" and re.search(r'/ "data"|"data/', path.read_text())]
+    assert builders == [], builders

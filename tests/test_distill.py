@@ -33,13 +33,15 @@ def test_teacher_topk_matches_the_target(tiny_setup):
     assert torch.allclose(p[:, 0].float(), probs.max(-1).values, atol=1e-3)
 
 
-def test_draft_shares_vocabulary_and_special_tokens(tiny_setup):
-    target, _, _ = tiny_setup
+def test_draft_shares_vocabulary_and_special_tokens():
+    target = tiny_llama(vocab=64, layers=1, seed=0)
+    target.config.eos_token_id = 7  # special tokens of its own (the test models have no EOS)
     draft = distill.make_draft(target, distill.DraftConfig(hidden_size=16, num_hidden_layers=1,
                                                            num_attention_heads=2, num_key_value_heads=1,
                                                            intermediate_size=32))
     assert draft.config.vocab_size == target.config.vocab_size
-    assert draft.config.eos_token_id == target.config.eos_token_id
+    assert draft.config.eos_token_id == target.config.eos_token_id == 7
+    assert draft.config.bos_token_id == target.config.bos_token_id
     assert draft.config.tie_word_embeddings
 
 

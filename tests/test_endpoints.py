@@ -41,15 +41,15 @@ def local_servers():
 
 @pytest.fixture(scope="module")
 def reference():
-    """The package's own plain greedy decoding of a prompt, float32: (text, tokens)."""
+    """The package's own plain greedy decoding of a prompt, float32, to the model's own EOS as the server's:
+    (text, tokens)."""
     model, tokenizer = sd.load_model(MODEL, dtype=torch.float32)
 
     @functools.lru_cache(maxsize=None)
     def decode(prompt: str, max_tokens: int):
         ids = chat_ids(tokenizer, prompt)
         out = sd.autoregressive_generate(model, ids, max_new_tokens=max_tokens,
-                                         sampling=sd.SamplingParams(temperature=0),
-                                         eos_token_id=tokenizer.eos_token_id)
+                                         sampling=sd.SamplingParams(temperature=0))
         return tokenizer.decode(out.tokens, skip_special_tokens=True), len(out.tokens)
 
     return decode
@@ -219,16 +219,17 @@ def test_harness_against_llama_cpp_server(tmp_path):
 
 
 def test_the_local_server_stops_on_sigint_in_the_middle_of_a_stream():
+    """The server exits cleanly and leaves no process behind; that the generation in progress stops after its
+    round, not after its 400 tokens, is counted in rounds by test_serve (the wait below only keeps a hung server
+    from hanging the test)."""
     port = ep.free_port()
     with ep.serving(ep.local_server_command(port, MODEL, "none", dtype="float32"), port) as process:
         body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[0]["prompt"]}], "max_tokens": 400,
                 "stream": True}
         with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60) as events:
             next(events.iter_lines())  # the stream has started
-            started = time.monotonic()
             process.send_signal(signal.SIGINT)
-            assert process.wait(30) == 0
-        assert time.monotonic() - started < 15  # it did not decode the 400 tokens first
+            assert process.wait(60) == 0
     assert not psutil.pid_exists(process.pid)
 
 

@@ -1,6 +1,4 @@
 """The loop on tiny random Hugging Face Llama models: greedy identity, cache truth, EOS, round bounds (C4)."""
-import time
-
 import pytest
 import torch
 
@@ -144,15 +142,52 @@ def test_eos_on_real_model(tiny_target, tiny_draft):
         assert spec.tokens.tolist() == full[: first + 1].tolist()
 
 
+def test_generation_stops_at_the_targets_own_eos_unless_told_otherwise():
+    """As transformers' generate: by default a run ends just after the target's ``generation_config.eos_token_id``
+    (an id or a list of ids); ``ignore_eos=True`` runs to max_new_tokens; an explicit ``eos_token_id`` replaces the
+    model's."""
+    target, draft = tiny_llama(layers=2, seed=11), tiny_llama(layers=1, seed=12)
+    x = prompt()
+    target.generation_config.eos_token_id = None
+    full = sd.autoregressive_generate(target, x, max_new_tokens=30, sampling=GREEDY).tokens
+    emitted = list(dict.fromkeys(full.tolist()))  # each token once, in the order of first emission
+    eos, other = emitted[-1], emitted[1]  # the model's EOS below, and an explicit id emitted before it
+    first, first_other = full.tolist().index(eos), full.tolist().index(other)
+    assert len(full) == 30 and 0 < first_other < first < 29
+    absent = min(set(range(64)) - set(full.tolist()))
+    for model_eos in (eos, [absent, eos]):  # an id, or a list of ids
+        target.generation_config.eos_token_id = model_eos
+        reference = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=30, do_sample=False,
+                                    pad_token_id=0)[0, x.shape[1]:].cpu()
+        assert reference.tolist() == full[: first + 1].tolist()  # transformers stops there too
+        assert torch.equal(sd.autoregressive_generate(target, x, max_new_tokens=30, sampling=GREEDY).tokens, reference)
+        for d in (draft, sd.NGramDraft(), target):
+            spec = sd.speculative_generate(target, d, x, gamma=4, max_new_tokens=30, sampling=GREEDY)
+            assert torch.equal(spec.tokens, reference) and spec.stats.new_tokens == first + 1
+        wrapped = sd.speculative_generate(HFCausalLM(target), draft, x, gamma=4, max_new_tokens=30, sampling=GREEDY)
+        assert torch.equal(wrapped.tokens, reference)  # a wrapper reads its model's generation config
+    for run in (lambda **kw: sd.autoregressive_generate(target, x, max_new_tokens=30, sampling=GREEDY, **kw),
+                lambda **kw: sd.speculative_generate(target, draft, x, gamma=4, max_new_tokens=30, sampling=GREEDY,
+                                                     **kw)):
+        assert torch.equal(run(ignore_eos=True).tokens, full)
+        assert run(eos_token_id=other).tokens.tolist() == full[: first_other + 1].tolist()
+        with pytest.raises(ValueError, match="eos_token_id=.* and ignore_eos=True contradict each other"):
+            run(eos_token_id=other, ignore_eos=True)
+
+
 def test_max_new_tokens_is_exact():
+    """A toy model has no end-of-sequence token of its own: its runs end at max_new_tokens."""
     target, draft = random_pair(5, 0.5, 2)
     gen = sd.speculative_generate(target, target, torch.zeros(1, 1, dtype=torch.long), gamma=7, max_new_tokens=10)
     assert len(gen.tokens) == 10
+    chain = deterministic_chain()  # emits every token of its vocabulary, in turn
+    assert sd.autoregressive_generate(chain, torch.tensor([[0]]), max_new_tokens=20).tokens.tolist() == [
+        (i + 1) % 8 for i in range(20)]
 
 
 def test_stats_are_consistent(tiny_target, tiny_draft):
     spec = sd.speculative_generate(tiny_target, tiny_draft, prompt(), gamma=4, max_new_tokens=50,
-                                   sampling=sd.SamplingParams(temperature=1.0))
+                                   sampling=sd.SamplingParams(temperature=1.0), ignore_eos=True)
     s = spec.stats
     assert s.rounds == len(s.accepted_lengths) == len(s.proposed_lengths) and s.drafted == 4 * s.rounds == sum(s.proposed_lengths)
     assert s.accepted == sum(s.accepted_lengths) - s.rounds
@@ -161,29 +196,54 @@ def test_stats_are_consistent(tiny_target, tiny_draft):
     assert sum(s.accepted_lengths) >= 50 == len(spec.tokens)
 
 
-class SleepyNGramDraft(sd.NGramDraft):
-    """Prompt lookup that takes at least ``seconds`` per proposal."""
+class StillClock:
+    """Stands in for the time module the loop's clock reads (``decode.time``): its time stands still except when
+    ``sleep`` moves it, so a run's recorded seconds are exactly the sleeps charged to each phase."""
 
-    def __init__(self, seconds):
+    def __init__(self):
+        self.seconds = 0.0
+
+    def perf_counter(self) -> float:
+        return self.seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.seconds += seconds
+
+
+class SleepyNGramDraft(sd.NGramDraft):
+    """Prompt lookup whose every proposal takes ``seconds`` on ``clock``."""
+
+    def __init__(self, seconds, clock):
         super().__init__()
-        self.seconds = seconds
+        self.seconds, self.clock = seconds, clock
 
     def propose(self, *args):
-        time.sleep(self.seconds)
+        self.clock.sleep(self.seconds)
         return super().propose(*args)
 
 
-def test_stats_charge_each_phase_its_own_time():
-    """A proposal sleeps 20 ms and a target forward 60 ms (at least one forward a round): the draft phase takes at
-    least 20 ms a round and the target's at least 60. The draft phase's bound above leaves 30 ms a round for the
-    n-gram lookup itself; time charged to the wrong phase breaks one bound or the other."""
+def test_stats_charge_each_phase_its_own_time(monkeypatch):
+    """A proposal takes 20 ms and a target forward 60 ms (one forward a round) on a clock that moves only then:
+    the draft phase is charged exactly 20 ms a round, the target's exactly 60, and the total is their sum; time
+    charged to the wrong phase, or missed, breaks an equality."""
+    from specdec_lite.core import decode
+
+    clock = StillClock()
+    monkeypatch.setattr(decode, "time", clock)
     target = tiny_llama(layers=1, seed=2)
-    target.register_forward_pre_hook(lambda *_: time.sleep(0.06))
-    s = sd.speculative_generate(target, SleepyNGramDraft(0.02), prompt(), gamma=4, max_new_tokens=8,
-                                sampling=GREEDY).stats
-    assert 0.02 * s.rounds <= s.draft_seconds < 0.05 * s.rounds
-    assert 0.06 * s.rounds <= s.target_seconds
-    assert s.draft_seconds + s.target_seconds <= s.total_seconds
+    forwards = []
+
+    def slow_forward(*_):
+        forwards.append(1)
+        clock.sleep(0.06)
+
+    target.register_forward_pre_hook(slow_forward)
+    s = sd.speculative_generate(target, SleepyNGramDraft(0.02, clock), prompt(), gamma=4, max_new_tokens=8,
+                                sampling=GREEDY, ignore_eos=True).stats
+    assert s.rounds == len(forwards) > 1
+    assert s.draft_seconds == pytest.approx(0.02 * s.rounds)
+    assert s.target_seconds == pytest.approx(0.06 * s.rounds)
+    assert s.total_seconds == pytest.approx(s.draft_seconds + s.target_seconds)
 
 
 def test_sampling_is_seeded(tiny_target, tiny_draft):

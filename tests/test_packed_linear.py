@@ -87,6 +87,25 @@ def test_float32_loads_packed_on_the_cpu_by_default_and_the_refusals_say_what_to
         sd.load_model(path, device="cpu", dtype="float32", packed_linears=True, batch_invariant=True)
 
 
+def test_packed_linears_are_refused_for_compiled_forwards_before_loading(local_pairs, monkeypatch):
+    """torch's compiler cannot compile the packed product: packed_linears=True with compile=True is refused before
+    anything loads, and so is compiling a model already packed (test_static_cache loads compile=True unpacked)."""
+    import specdec_lite as sd
+    from transformers import AutoModelForCausalLM
+
+    from specdec_lite.core.lm import use_static_cache
+
+    packed, _ = sd.load_model(str(local_pairs / "tiny-1l"), device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match=r"packed for oneDNN, which torch's compiler cannot compile: load it with "
+                                         r"packed_linears=False"):
+        use_static_cache(packed, compile=True)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded anyway"))
+    with pytest.raises(ValueError, match=r"packed_linears=True does not go with compile=True.*load with "
+                                         r"packed_linears=None \(the default, off with compile=True\) or False"):
+        sd.load_model(str(local_pairs / "tiny-1l"), device="cpu", dtype="float32", cache="static", compile=True,
+                      packed_linears=True)
+
+
 def test_a_head_on_a_packed_target_drafts_with_packed_linears(local_pairs):
     """The EAGLE head runs its linear layers as its target does."""
     import specdec_lite as sd

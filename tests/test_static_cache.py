@@ -5,7 +5,9 @@ import torch
 
 import specdec_lite as sd
 from specdec_lite.core import memory
-from specdec_lite.core.lm import static_state, use_dynamic_cache, use_static_cache
+from specdec_lite.core.lm import EAGER_ABOVE, static_state, use_dynamic_cache, use_static_cache
+from specdec_lite.core.models import resolve_dtype
+from specdec_lite.core.packed_linear import has_packed_linears
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 
 from conftest import DEVICE, tiny_llama
@@ -102,6 +104,22 @@ def test_a_compiled_static_forward_gives_the_same_tokens():
     use_static_cache(target, max_length=64, compile=True)
     spec = sd.speculative_generate(target, sd.NGramDraft(), x, gamma=2, max_new_tokens=12, sampling=GREEDY)
     assert torch.equal(spec.tokens, reference) and static_state(target).forward is not None
+
+
+def test_compile_on_a_cpu_in_the_default_dtype_runs_unpacked_linears_and_decodes_as_eager(local_pairs):
+    """load_model(cache="static", compile=True) on a CPU in its default dtype (bfloat16 where oneDNN computes it,
+    where linear layers would load packed): they load unpacked, which torch can compile, and 8 greedy tokens equal
+    eager decoding. One compiled shape (1 token: the 20-token prompt runs eagerly), a 1-layer model."""
+    path = str(local_pairs / "tiny-1l")
+    compiled, _ = sd.load_model(path, device="cpu", cache="static", max_cache_len=64, compile=True)
+    eager, _ = sd.load_model(path, device="cpu", packed_linears=False)
+    assert compiled.dtype == eager.dtype == resolve_dtype("auto", "cpu") and not has_packed_linears(compiled)
+    x = torch.arange(100, 120)[None]
+    assert x.shape[1] > EAGER_ABOVE
+    ours = sd.autoregressive_generate(compiled, x, max_new_tokens=8, sampling=GREEDY, ignore_eos=True).tokens
+    assert static_state(compiled).forward is not None  # the decode steps ran compiled
+    assert len(ours) == 8 and torch.equal(ours, sd.autoregressive_generate(
+        eager, x, max_new_tokens=8, sampling=GREEDY, ignore_eos=True).tokens)
 
 
 def test_device_map_splits_a_model_and_the_loop_still_agrees(local_pairs, monkeypatch, tmp_path):

@@ -200,6 +200,23 @@ def check_tree_request(input_ids, target_lm, sampling: SamplingParams) -> None:
         target_lm.check_tree_support()
 
 
+def end_tokens(target, eos_token_id=None, ignore_eos: bool = False) -> list[int]:
+    """The token ids that end a row of a run on ``target``: ``eos_token_id`` when given (an id or a list of ids);
+    else the target's own end-of-sequence token(s), where transformers' ``generate`` reads them
+    (``generation_config.eos_token_id``, an id or a list); none for a model without a generation config (the toy
+    models) or with ``ignore_eos=True`` (every run then makes exactly max_new_tokens tokens: timing, fixed-length
+    statistics)."""
+    if ignore_eos:
+        if eos_token_id is not None:
+            raise ValueError(f"eos_token_id={eos_token_id!r} and ignore_eos=True contradict each other: give "
+                             "eos_token_id to stop at those tokens, or ignore_eos=True to run to max_new_tokens")
+        return []
+    if eos_token_id is None:
+        model = target if isinstance(target, torch.nn.Module) else getattr(target, "model", None)
+        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return [] if eos_token_id is None else [int(e) for e in torch.as_tensor(eos_token_id).reshape(-1)]
+
+
 # ---------------------------------------------------------------- the token buffer
 @dataclass
 class Decoding:
@@ -221,13 +238,13 @@ class Decoding:
         self.finished = self.done()
 
     @classmethod
-    def start(cls, input_ids, max_new_tokens: int, room: int, eos_token_id) -> "Decoding":
-        """A buffer for ``input_ids`` (B, T) with ``room`` extra slots for drafts past the end."""
+    def start(cls, input_ids, max_new_tokens: int, room: int, eos: list) -> "Decoding":
+        """A buffer for ``input_ids`` (B, T) with ``room`` extra slots for drafts past the end; ``eos``: the token
+        ids that end a row (``end_tokens``)."""
         B, T = input_ids.shape
         # room for finished rows that keep drafting (their writes land past their length and are ignored)
         seq = torch.zeros(B, T + max_new_tokens + room, dtype=torch.long, device=input_ids.device)
         seq[:, :T] = input_ids
-        eos = [] if eos_token_id is None else [int(e) for e in torch.as_tensor(eos_token_id).reshape(-1)]
         return cls(seq, torch.full((B,), T, dtype=torch.long, device=input_ids.device), T, max_new_tokens, eos)
 
     def done(self) -> torch.Tensor:
@@ -270,7 +287,7 @@ def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch
 # ---------------------------------------------------------------- the loop
 def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_tokens: int = 128,
                          sampling: SamplingParams = SamplingParams(), seed: int = 0, eos_token_id=None,
-                         timed: bool = True, verifier: Verifier = EXACT,
+                         ignore_eos: bool = False, timed: bool = True, verifier: Verifier = EXACT,
                          on_round: Callable[[list], None] | None = None) -> Generation:
     """Speculative decoding: ``draft`` proposes gamma tokens, ``target`` verifies them in one forward.
 
@@ -278,7 +295,10 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     tokenizer, a toy model, or a Drafter (``NGramDraft``, ``LayerSkipDraft``, a head, a tree drafter). input_ids:
     (T,) or (B, T); batches of more than one row need toy models (Hugging Face caches roll back all rows together).
     With ``sampling.temperature == 0`` the output is the target's own greedy output, token for token (bitwise
-    where the target's forwards are batch-invariant, see ``load_model``). ``timed=False`` skips the per-round
+    where the target's forwards are batch-invariant, see ``load_model``). A row ends at max_new_tokens or just
+    after an end-of-sequence token: by default the target's own (its generation config's ``eos_token_id``, as
+    transformers' ``generate``; none for the toy models), else ``eos_token_id`` (an id or a list);
+    ``ignore_eos=True`` runs every row to max_new_tokens (equal work for timing). ``timed=False`` skips the per-round
     device synchronization (the stats' per-phase seconds then mean little on a GPU). ``verifier`` is the exact
     one unless a test hands in a broken one. ``on_round``, when given, is called after every round with each
     row's new tokens so far (``Decoding.emitted``): what a server streams as the rounds finish.
@@ -287,12 +307,13 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     max_length, context_name = context_limit(target_lm, getattr(drafter, "lm", None))
     input_ids = check_request(input_ids, max_length, gamma, max_new_tokens, sampling, context_name)
     check_pair(target, target_lm, drafter, input_ids, sampling)
+    eos = end_tokens(target, eos_token_id, ignore_eos)
     one_round = tree_round if drafter.proposes_trees else chain_round
 
     clock, stats = Clock(target_lm.device, synchronize=timed), GenerationStats()
     start = clock.now()
     input_ids = input_ids.to(target_lm.device)
-    run = Decoding.start(input_ids, max_new_tokens, 2 * gamma + 2, eos_token_id)
+    run = Decoding.start(input_ids, max_new_tokens, 2 * gamma + 2, eos)
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
     target_lm.reset(input_ids.shape[0])
     drafter.begin(input_ids)
@@ -383,18 +404,20 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
 
 def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
                             sampling: SamplingParams = SamplingParams(), seed: int = 0,
-                            eos_token_id=None, timed: bool = True,
+                            eos_token_id=None, ignore_eos: bool = False, timed: bool = True,
                             on_round: Callable[[list], None] | None = None) -> Generation:
     """The baseline: one target forward per token, through the same wrapper, sampling rule and generator;
-    ``on_round`` as in ``speculative_generate`` (called after every token)."""
+    ``eos_token_id``, ``ignore_eos`` and ``on_round`` as in ``speculative_generate`` (``on_round`` is called after
+    every token)."""
     target_lm = as_language_model(target)
     max_length, context_name = context_limit(target_lm)
     input_ids = check_request(input_ids, max_length, 1, max_new_tokens, sampling, context_name)
     check_batch(input_ids, target_lm)
+    eos = end_tokens(target, eos_token_id, ignore_eos)
 
     clock, stats = Clock(target_lm.device, synchronize=timed), GenerationStats()
     start = clock.now()
-    run = Decoding.start(input_ids.to(target_lm.device), max_new_tokens, 4, eos_token_id)
+    run = Decoding.start(input_ids.to(target_lm.device), max_new_tokens, 4, eos)
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
     target_lm.reset(run.seq.shape[0])
     rows = torch.arange(run.seq.shape[0], device=run.seq.device)

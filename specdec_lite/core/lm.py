@@ -28,6 +28,8 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
+from .packed_linear import has_packed_linears
+
 # What specdec_lite knows of a Hugging Face model is kept on the model itself, in two attributes: its tokenizer
 # (read by the compatibility checks) and its static-cache settings (read by the wrapper).
 TOKENIZER_ATTRIBUTE = "specdec_tokenizer"
@@ -75,11 +77,15 @@ EAGER_ABOVE = 16  # feeds of more tokens (the prompt) run eagerly; shorter ones 
 def use_static_cache(model: torch.nn.Module, max_length: int = 2048, compile: bool = False) -> torch.nn.Module:
     """Run ``model`` with a preallocated ``StaticCache`` of ``max_length`` tokens per row (prompt + max_new_tokens
     + gamma must fit; longer requests are refused before any work), its decode and verification forwards
-    compiled when ``compile`` (CUDA: CUDA graphs). The settings are kept on the model
-    (``model.specdec_static_cache``); wrappers made afterwards use them. Returns the model. ``use_dynamic_cache``
-    undoes it."""
+    compiled when ``compile`` (CUDA: CUDA graphs; a model whose linear layers are packed for oneDNN is refused,
+    torch cannot compile them). The settings are kept on the model (``model.specdec_static_cache``); wrappers made
+    afterwards use them. Returns the model. ``use_dynamic_cache`` undoes it."""
     if not isinstance(max_length, int) or max_length < 2:
         raise ValueError(f"max_length (tokens preallocated per row) must be an integer >= 2, got {max_length!r}")
+    if compile and has_packed_linears(model):
+        raise ValueError("this model's linear layers are packed for oneDNN, which torch's compiler cannot compile: "
+                         "load it with packed_linears=False (load_model(..., cache='static', compile=True) does), or "
+                         "keep compile=False")
     check_static_placement(getattr(model, "hf_device_map", None))
     setattr(model, STATIC_CACHE_ATTRIBUTE, StaticState(max_length=max_length, compile=compile))
     return model

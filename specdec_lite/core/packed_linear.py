@@ -19,9 +19,10 @@ per forward of M tokens (median of 7 or 15, one run per machine):
 | AVX512-BF16 (AMD EPYC), bfloat16 as transformers loads it | 41.5 | 44.3 | 48.8 | 51.3 | 59.7 |
 | AVX512-BF16 (AMD EPYC), bfloat16, packed linears | 31.5 | 33.4 | 32.7 | 37.2 | 46.9 |
 
-``load_model`` packs a model's linear layers on the CPU by default where ``can_pack`` (``packed_linears``); the
-baseline of every speedup still times plain decoding as transformers loads the model too (``repro.baseline``), so
-packing can never make a speedup look larger than plain decoding allows.
+``load_model`` packs a model's linear layers on the CPU by default where ``can_pack`` (``packed_linears``), but not
+for compiled forwards (``compile=True``: torch's compiler cannot compile the packed product); the baseline of every
+speedup still times plain decoding as transformers loads the model too (``repro.baseline``), so packing can never
+make a speedup look larger than plain decoding allows.
 
 oneDNN's packed product has no backward: with gradients enabled a ``PackedLinear`` computes ``F.linear`` on its
 weight, so training through it is unchanged. A weight changed in place after packing (``load_state_dict``,

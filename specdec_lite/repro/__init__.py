@@ -6,8 +6,11 @@
   theory, speedup_tables, costs  expected tokens, speedup, optimal gamma, break-even; the tables of notebook 02;
                                  measured verification cost v(gamma) and draft cost c
   tasks, evaluate                evaluation prompts and chat templating; side-by-side runs and their summaries
+  baseline                       the fastest plain decoding in the same run: what every speedup is over
   bench, demo                    a timing harness against transformers, a short demonstration
+  gpu_bench                      the GPU check's benchmark: real model shapes, eager against compiled
   endpoints                      OpenAI-compatible servers benchmarked side by side, and servers in subprocesses
   checks, claims, report         each claim's tolerance check, claim rows and verdicts, the results document
   notebook                       the notebooks' shared set-up
+  figures                        every figure the notebooks and scripts save, drawn to be read at its size
 """

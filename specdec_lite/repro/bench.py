@@ -1,7 +1,7 @@
 """Timing harness: every configuration of the target side by side in one run, against the fastest plain decoding.
 
     python -m specdec_lite.repro.bench [--prompts-per-task 2] [--max-new-tokens 96] [--temperatures 0 1]
-                                       [--drafts auto hybrid-tree@smollm2-135m-eagle dynamic-tree] [--head H]
+                                       [--drafts auto hybrid-dynamic@smollm2-135m-eagle-deep-ttt eagle-tree] [--head H]
                                        [--skip-per-task 5]  (prompts outside 03's benchmark)
                                        [--no-batch-invariant]  (only the models as they load)
 

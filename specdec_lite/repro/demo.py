@@ -23,15 +23,14 @@ def main(max_new_tokens: int = 64, gamma: int = 4, dtype: str = "auto") -> None:
     model, tokenizer = load_model(EMBEDDED_TARGET, dtype=dtype)
     x = chat_ids(tokenizer, PROMPT, model.device)
     greedy = SamplingParams(temperature=0)
-    base = autoregressive_generate(model, x, max_new_tokens=max_new_tokens, sampling=greedy,
-                                   eos_token_id=tokenizer.eos_token_id)
+    base = autoregressive_generate(model, x, max_new_tokens=max_new_tokens, sampling=greedy)  # to the model's EOS
     print(f"prompt: {PROMPT}\n\nautoregressive ({base.stats.tokens_per_second:.1f} tokens/s):\n"
           f"{tokenizer.decode(base.tokens)}\n")
     for name, draft in [("n-gram prompt lookup", NGramDraft()), ("layer skip (first 20 layers)",
                                                                   LayerSkipDraft(model, exit_layer=20))]:
         for sampling in (greedy, SamplingParams(temperature=1.0)):
             gen = speculative_generate(model, draft, x, gamma=gamma, max_new_tokens=max_new_tokens,
-                                       sampling=sampling, eos_token_id=tokenizer.eos_token_id, seed=0)
+                                       sampling=sampling, seed=0)
             s = gen.stats
             same = torch.equal(gen.tokens, base.tokens) if sampling.greedy else "n/a (sampled)"
             print(f"--- {name}, temperature {sampling.temperature}, gamma {gamma}")

@@ -22,7 +22,7 @@ import torch
 
 from ..core.batch_invariance import is_batch_invariant
 from ..core.decode import Clock, Generation, GenerationStats, autoregressive_generate, speculative_generate
-from ..core.models import DTYPE_HELP, EMBEDDED_EAGLE, EMBEDDED_TARGET, load_model
+from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
 from ..core.timing import v_at
 from ..drafts.loading import load_draft
@@ -114,7 +114,7 @@ def plain_methods(target, plain: dict, max_new_tokens: int, sampling: SamplingPa
     methods = {}
     for label, model in plain.items():
         methods[f"autoregressive, {label}"] = lambda x, m=model: autoregressive_generate(
-            m, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+            m, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, ignore_eos=True)
         methods[f"transformers generate, {label}"] = lambda x, m=model: transformers_generate(
             m, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos=None)
     return methods
@@ -151,10 +151,10 @@ def time_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_t
     from ..show import progress_bar
 
     runs = {"autoregressive": lambda x: autoregressive_generate(
-        target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)}
+        target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, ignore_eos=True)}
     for name, draft in drafts.items():
         runs[name] = lambda x, d=draft: speculative_generate(
-            target, d, x, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+            target, d, x, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, ignore_eos=True)
     for name, assist in (transformers or {}).items():
         runs[name] = lambda x, a=assist: transformers_generate(
             target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos=None, **a)
@@ -332,28 +332,23 @@ def speed_goals(summary: pd.DataFrame, method: str) -> pd.DataFrame:
     return table.drop(columns="threshold").assign(method=method, baseline=", ".join(summary["baseline"].unique()))
 
 
-# The steps of drafting's progression shown in 03: (step, before, after, temperature), methods by their labels in
-# ``drafts_for_pair`` (the recommended one's " (auto)" mark ignored).
-FIRST_HEAD = f"EAGLE head ({EMBEDDED_EAGLE})"  # the embedded target's first head, as ``drafts_for_pair`` labels it
-PROGRESSION = (("the head: first EAGLE head -> EAGLE-3-style head (chains)", FIRST_HEAD, "EAGLE-3 head", 0.0),
-               ("the head: first EAGLE head -> the recommended one (chains)", FIRST_HEAD, "EAGLE head", 0.0),
+# The steps of drafting's progression shown in 03, all on the recommended EAGLE head: (step, before, after,
+# temperature), methods by their labels in ``drafts_for_pair``. The last two are "auto"'s two choices: greedy the
+# hybrid dynamic tree, at T = 1 the head's chain.
+PROGRESSION = (("the drafter: a trained draft model -> the EAGLE head (chains)", "trained draft", "EAGLE head", 0.0),
+               ("chain -> tree (the head's chain with siblings)", "EAGLE head", "EAGLE tree", 0.0),
                ("tree shape: fixed -> dynamic (head only)", "EAGLE tree", "EAGLE dynamic tree", 0.0),
-               ("tree shape: fixed -> dynamic (with lookup branches)", "hybrid tree", "hybrid dynamic tree", 0.0),
-               ("lookup branches: the context -> also the target's earlier replies (a store)", "hybrid dynamic tree",
-                "hybrid dynamic tree + store", 0.0),
-               ("drafts at T=1: chosen -> drawn from q", "EAGLE tree", "EAGLE tree drawn", 1.0),
-               ("drafts at T=1, with lookup branches: chosen -> drawn", "hybrid tree", "hybrid tree drawn", 1.0))
+               ("lookup branches: none -> the context's (dynamic tree)", "EAGLE dynamic tree", "hybrid dynamic tree",
+                0.0),
+               ("at T=1: the hybrid dynamic tree -> the head's chain", "hybrid dynamic tree", "EAGLE head", 1.0))
 
 
 def progression(summary: pd.DataFrame, model_table: pd.DataFrame) -> pd.DataFrame:
     """One row per (``PROGRESSION`` step, method): the overall median accepted length (tau), the geometric mean
     over tasks of the measured speedup (from ``summarize``) and of the cost model's predicted speedup (from
     ``cost_model``) at the step's temperature. A method not measured in this run keeps its row, with nan."""
-    def label(frame):
-        return frame["method"].str.removesuffix(" (auto)")
-
     def predicted(model, method):
-        return geometric_mean(model[label(model) == method]["predicted speedup"].dropna())
+        return geometric_mean(model[model.method == method]["predicted speedup"].dropna())
 
     def first(values):
         return values.iloc[0] if len(values) else float("nan")
@@ -363,7 +358,7 @@ def progression(summary: pd.DataFrame, model_table: pd.DataFrame) -> pd.DataFram
         measured = summary[(summary.temperature == t) & (summary.task == "overall (median)")]
         model = model_table[model_table.temperature == t]
         for role, method in (("before", before), ("after", after)):
-            row = measured[label(measured) == method]
+            row = measured[measured.method == method]
             rows.append({"step": step, "temperature": t, "role": role, "method": method,
                          "tau": first(row.mean_accepted_length),
                          "speedup (geomean over tasks)": first(row.speedup_geomean_tasks),
@@ -441,7 +436,8 @@ def greedy_agreement(runs: pd.DataFrame) -> pd.DataFrame:
                                         median_first_divergence=("first_divergence", "median")).reset_index()
 
 
-DEFAULT_DRAFTS = ("auto", "smollm2-135m-draft", "smollm2-135m-eagle", "smollm2-135m-medusa", "n-gram", "layer-skip")
+DEFAULT_DRAFTS = ("auto", "smollm2-135m-draft", "smollm2-135m-eagle-deep-ttt", "smollm2-135m-medusa", "n-gram",
+                  "layer-skip")
 
 
 def main(argv=None):
@@ -450,8 +446,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
     parser.add_argument("--drafts", nargs="+", default=list(DEFAULT_DRAFTS),
-                        help="draft names, ids or folders (models, heads), n-gram / layer-skip, or the tree and "
-                             "adaptive drafts auto / hybrid-tree / eagle-tree / eagle-adaptive / lookup-tree")
+                        help="draft names, ids or folders (models, heads), n-gram / layer-skip, or the drafts on "
+                             "the EAGLE head auto / hybrid-dynamic / dynamic-tree / eagle-tree")
     parser.add_argument("--prompts", default=str(prompts_dir()))
     parser.add_argument("--prompts-per-task", type=int, default=5)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -462,7 +458,7 @@ def main(argv=None):
     parser.add_argument("--transformers", action="store_true",
                         help="also time transformers' generate, prompt lookup and (--assistant) assisted generation")
     parser.add_argument("--assistant", default="", help="draft model for transformers' assisted generation")
-    parser.add_argument("--out", default="data/results/draft_kinds.csv")
+    parser.add_argument("--out", default="out/draft_kinds.csv", help="a one-off run's table (default out/, ignored)")
     args = parser.parse_args(argv)
     target, tokenizer = load_model(args.target, args.device, args.dtype)
     drafts = {name: load_draft(name, target) for name in args.drafts}  # refusals come before any run

@@ -140,13 +140,15 @@ def measure_pair(target, draft, path: str, *, prompt_len=64, new_tokens=128, gam
     gammas = [gamma] if path == "static-compiled" else range(1, 9)
     costs = measure(target, draft, gammas=gammas, repeats=max(3, repeats), context_len=prompt_len)
     ar_tps, reference = tokens_per_second(
-        lambda: autoregressive_generate(target, x, max_new_tokens=new_tokens, sampling=GREEDY).tokens, device, repeats)
+        lambda: autoregressive_generate(target, x, max_new_tokens=new_tokens, sampling=GREEDY, ignore_eos=True).tokens,
+        device, repeats)
     row = {"path": path, "target ms/token": 1000 * costs.target_seconds[1], "draft ms/token": 1000 * costs.draft_seconds,
            "c": costs.c, **{f"v({g})": costs.v.get(g, float("nan")) for g in range(1, 9)}, "ours autoregressive tokens/s": ar_tps}
     for a in acceptances:
         oracle = OracleDraft(draft, reference, prompt_len, a, seed)
         spec_tps, out = tokens_per_second(lambda: speculative_generate(
-            target, oracle, x, gamma=gamma, max_new_tokens=new_tokens, sampling=GREEDY).tokens, device, repeats)
+            target, oracle, x, gamma=gamma, max_new_tokens=new_tokens, sampling=GREEDY, ignore_eos=True).tokens,
+            device, repeats)
         identical = torch.equal(out.cpu(), reference.cpu())
         if not identical and target.dtype == torch.float32:  # promised in float32 only (docs/SPEED.md)
             raise AssertionError(f"greedy identity broken on the {path} path at a = {a}")
@@ -167,7 +169,8 @@ def plain_float32(target_shape: str, device, *, prompt_len=64, new_tokens=128, r
     x = torch.randint(0, target.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
     x = x.to(device)
     ours, _ = tokens_per_second(
-        lambda: autoregressive_generate(target, x, max_new_tokens=new_tokens, sampling=GREEDY).tokens, device, repeats)
+        lambda: autoregressive_generate(target, x, max_new_tokens=new_tokens, sampling=GREEDY, ignore_eos=True).tokens,
+        device, repeats)
     theirs, _ = tokens_per_second(lambda: target.generate(
         x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
         pad_token_id=0)[0, prompt_len:], device, repeats)
@@ -255,35 +258,15 @@ def write_csv(rows: list[dict], path: Path) -> Path:
 
 
 def write_figure(rows: list[dict], path: Path) -> Path | None:
-    """Tokens/s per pair and path: transformers, ours autoregressive, ours speculative (measured, and the
-    formula's prediction as a marker). None when matplotlib is not installed."""
+    """Tokens/s per pair and path (``figures.gpu_check``): transformers, ours autoregressive, ours speculative
+    (measured, and the formula's prediction as a marker). None when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from . import figures
     except ImportError:
         return None
-    pairs = list(dict.fromkeys((r["target"], r["draft"]) for r in rows))
-    fig, axes = plt.subplots(1, len(pairs), figsize=(7 * len(pairs), 4.5), squeeze=False)
-    for ax, (target, draft) in zip(axes[0], pairs):
-        mine = [r for r in rows if (r["target"], r["draft"]) == (target, draft)]
-        labels = ["transformers generate", "transformers assisted", "ours autoregressive",
-                  *(f"ours speculative a={a}" for a in ACCEPTANCES)]
-        width = 0.8 / len(mine)
-        for i, r in enumerate(mine):
-            values = [r["transformers generate tokens/s"], r["transformers assisted tokens/s"],
-                      r["ours autoregressive tokens/s"], *(r[f"speculative tokens/s a={a}"] for a in ACCEPTANCES)]
-            xs = [j + i * width for j in range(len(labels))]
-            ax.bar(xs, values, width, label=r["path"])
-            predicted = [r["ours autoregressive tokens/s"] * r[f"predicted speedup a={a}"] for a in ACCEPTANCES]
-            ax.scatter(xs[3:], predicted, color="black", marker="_", s=200, zorder=3,
-                       label="formula's prediction" if i == 0 else None)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=25, ha="right")
-        ax.set(title=f"{target} + {draft} ({mine[0]['device']}, {mine[0]['dtype']})", ylabel="tokens/s")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    figures.save(figures.gpu_check(rows, ACCEPTANCES), path, dpi=110, close=True)
     return path
 
 

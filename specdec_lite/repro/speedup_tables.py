@@ -20,7 +20,7 @@ def simulate_speedup(alpha: float, gamma: int, c: float, v: float = 1.0, rows: i
     (one draft step = c, one verification = v, one baseline step = 1): tokens / (rounds * (gamma c + v))."""
     target, draft = constant_alpha_pair(alpha)
     gen = speculative_generate(target, draft, torch.zeros(rows, 1, dtype=torch.long), gamma=gamma,
-                               max_new_tokens=tokens, seed=seed)
+                               max_new_tokens=tokens, seed=seed, ignore_eos=True)
     return gen.stats.mean_accepted_length / (gamma * c + v)
 
 

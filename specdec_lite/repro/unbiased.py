@@ -31,7 +31,8 @@ def first_tokens(target, draft, n_samples: int, gamma: int, n_tokens: int, seed:
     """The first ``n_tokens`` tokens of ``n_samples`` runs of the loop after token 0 (one ragged batch):
     an (n_samples, n_tokens) array."""
     gen = speculative_generate(target, draft, torch.zeros(n_samples, 1, dtype=torch.long), gamma=gamma,
-                               max_new_tokens=n_tokens, sampling=sampling, seed=seed, verifier=verifier)
+                               max_new_tokens=n_tokens, sampling=sampling, seed=seed, verifier=verifier,
+                               ignore_eos=True)
     return torch.stack(gen.sequences).numpy()
 
 
@@ -87,7 +88,7 @@ def overlap_acceptance(target, draft, n: int, seed: int = 0) -> pd.DataFrame:
     for context in range(2):
         overlap = torch.minimum(target.transition[context], draft.transition[context]).sum().item()
         gen = speculative_generate(target, draft, torch.full((n, 1), context), gamma=1, max_new_tokens=1,
-                                   seed=seed + context)
+                                   seed=seed + context, ignore_eos=True)
         measured = gen.stats.acceptance_rate
         se = (overlap * (1 - overlap) / n) ** 0.5
         rows.append({"after token": "0" if context == 0 else "1..6", "overlap (exact)": overlap,
@@ -104,12 +105,13 @@ def article000_rerun(target, draft, n: int, seed: int = 0, null_repeats: int = 5
     ``n`` speculative (gamma 4) first tokens after token 0, and the same two statistics between pairs of
     independent direct samples (the yardstick), one row per repeat: (kl, max deviation, yardstick)."""
     prompt = torch.zeros(n, 1, dtype=torch.long)
-    h_direct = _first_token_law(autoregressive_generate(target, prompt, max_new_tokens=1, seed=seed + 10))
-    h_spec = _first_token_law(speculative_generate(target, draft, prompt, gamma=4, max_new_tokens=1, seed=seed + 11))
+    first = dict(max_new_tokens=1, ignore_eos=True)
+    h_direct = _first_token_law(autoregressive_generate(target, prompt, seed=seed + 10, **first))
+    h_spec = _first_token_law(speculative_generate(target, draft, prompt, gamma=4, seed=seed + 11, **first))
     null = []
     for r in range(null_repeats):
-        la = _first_token_law(autoregressive_generate(target, prompt, max_new_tokens=1, seed=seed + 100 + 2 * r))
-        lb = _first_token_law(autoregressive_generate(target, prompt, max_new_tokens=1, seed=seed + 101 + 2 * r))
+        la = _first_token_law(autoregressive_generate(target, prompt, seed=seed + 100 + 2 * r, **first))
+        lb = _first_token_law(autoregressive_generate(target, prompt, seed=seed + 101 + 2 * r, **first))
         null.append({"KL": stats.kl_divergence(la, lb), "max deviation": max_abs_difference(la, lb)})
     return stats.kl_divergence(h_direct, h_spec), max_abs_difference(h_direct, h_spec), pd.DataFrame(null)
 
@@ -128,7 +130,7 @@ def round_bounds(target, draft, gammas=(1, 2, 4, 8), runs: int = 5000, tokens: i
     rows = []
     for g in gammas:
         gen = speculative_generate(target, draft, torch.zeros(runs, 1, dtype=torch.long), gamma=g,
-                                   max_new_tokens=tokens, seed=seed)
+                                   max_new_tokens=tokens, seed=seed, ignore_eos=True)
         lengths = np.array(gen.stats.accepted_lengths)
         rows.append({"gamma": g, "min": int(lengths.min()), "max": int(lengths.max()), "rounds": len(lengths)})
     return pd.DataFrame(rows)
@@ -164,6 +166,7 @@ def real_first_token(target_model, draft_model, prompt_ids: torch.Tensor, runs: 
         p_next = target_model(input_ids=prompt_ids).logits[0, -1].float().softmax(-1).cpu().double()
     law = {(i,): float(v) for i, v in enumerate(p_next) if v > 0}
     firsts = np.array([[int(speculative_generate(target_model, draft_model, prompt_ids, gamma=gamma, max_new_tokens=1,
-                                                 sampling=SamplingParams(temperature=1.0), seed=seed + i).tokens[0])]
+                                                 sampling=SamplingParams(temperature=1.0), seed=seed + i,
+                                                 ignore_eos=True).tokens[0])]
                        for i in range(runs)])
     return stats.chi_square_pvalue(firsts, law), p_next
