@@ -303,22 +303,13 @@ def comparison(status: list[dict]):
 
 
 def comparison_figure(table, path: Path) -> None:
+    """comparison.png: ``figures.sweep_comparison`` of the comparison table."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
 
-    overall = table[table.task.str.startswith("overall")]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, column in zip(axes, ["alpha", "mean_accepted_length", "speedup"]):
-        sns.barplot(data=overall, x="pair", y=column, hue="method", errorbar=None, ax=ax)
-        over = " over the fastest plain decoding" if column == "speedup" else ""
-        ax.set(title=f"{column}{over} (median over prompts, all temperatures)", xlabel="")
-        ax.tick_params(axis="x", rotation=20)
-    axes[2].axhline(1, color="grey", ls="--")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from .repro import figures
+
+    figures.save(figures.sweep_comparison(table), path, dpi=110, close=True)
 
 
 def write_outputs(sweep: Sweep, status: list[dict]) -> dict:
