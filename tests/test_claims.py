@@ -108,7 +108,7 @@ def test_no_reference_to_material_users_do_not_have(name):
 
 def test_readme_is_a_user_document():
     lines = README.splitlines()
-    assert 120 <= len(lines) <= 240, len(lines)
+    assert 120 <= len(lines) <= 200, f"README.md has {len(lines)} lines, at most 200"
     assert "claims:start" not in README and "claims:end" not in README
     for word in ("issue", "session", "(?<!batch-)invariant", "earlier run", "review"):
         assert not re.search(rf"\b{word}", README, re.I), word
@@ -121,6 +121,21 @@ def test_readme_is_a_user_document():
     assert re.search(r"`make reproduce` takes about \d+ minutes", README) and re.search(r"`make test` takes about \d+", README)
     # measurements live in docs/RESULTS.md: no table of speedups or verdicts here
     assert "**reproduces**" not in README and not re.search(r"\| \d\.\d\d \|", README)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def test_readme_tables_and_the_speed_document_stay_short():
+    """README.md: no table cell over 200 characters (long stories go to docs/SPEED.md); docs/SPEED.md at most 250
+    lines (the story and the measured facts that matter, not a diary)."""
+    assert _cells("| `a` | b \\| c | d |") == ["`a`", "b \\| c", "d"]
+    long = [(i, len(c), c[:60]) for i, line in enumerate(README.splitlines(), 1) if line.startswith("|")
+            for c in _cells(line) if len(c) > 200]
+    assert not long, long
+    speed = (ROOT / "docs" / "SPEED.md").read_text().splitlines()
+    assert len(speed) <= 250, f"docs/SPEED.md has {len(speed)} lines, at most 250"
 
 
 def test_readme_documents_every_exported_name_with_its_real_parameters():

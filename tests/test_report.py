@@ -50,7 +50,11 @@ def results(tmp_path):
     claims.gather(folder).to_csv(folder / "claims.csv", index=False)
     _summary().to_csv(folder / "task_acceptance_summary.csv", index=False)
     _runs().to_csv(folder / "task_acceptance_runs.csv", index=False)
-    pd.DataFrame({"comparison": ["ours vs generate"], "ratio": [1.0437]}).to_csv(folder / "bench.csv", index=False)
+    pd.DataFrame({"comparison": ["ours vs generate"], "ratio": [1.0437]}).to_csv(folder / "compare.csv", index=False)
+    pd.DataFrame({"method": ["auto"], "ms/token": [12.3456]}).to_csv(folder / "bench_x.csv", index=False)
+    pd.DataFrame({"row": range(report.MAX_TABLE_ROWS + 1), "value": 7.6543}).to_csv(folder / "long.csv", index=False)
+    pd.DataFrame({"part": ["main"] * 2 + ["other"] * 30, "value": [5.4321] * 2 + [9.8765] * 30}).to_csv(
+        folder / "parts.csv", index=False)
     figures = tmp_path / "figures"
     figures.mkdir()
     (figures / "task_acceptance.png").write_bytes(b"png")
@@ -77,14 +81,20 @@ def test_document_carries_the_csv_numbers_and_a_verdict_per_claim(results, tmp_p
     # per-task tables: alpha, speedup, geometric mean, acceptance by position, set-up read from the runs
     assert "| 0.0 | code | 0.42 | 0.61 |" in text and "| 1.0 | dialogue | 0.43 | 0.62 |" in text
     assert "| 0.0 | overall (geometric mean of tasks) | 1.34 | 1.99 |" in text
-    assert "0.78" in text and "gamma 5" in text and "96 new tokens a run (EOS ignored while timing)" in text
+    assert "gamma 5" in text and "96 new tokens a run (EOS ignored while timing)" in text
+    assert "`accept_pos*`) in `task_acceptance_runs.csv`" in text  # by draft position: in the CSV, not a table
     assert "3 prompts from" in text and "code 2, dialogue 1" in text
     assert "6 of 6 greedy speculative outputs identical" in text
     # analysis computed from the summary
     assert "fastest first: n-gram 1.99x, EAGLE head 1.34x" in text
     assert "code: highest alpha n-gram (0.61), fastest n-gram (1.88x)" in text
-    # other CSVs are rendered, and the figures are linked relative to the document with their dtype
-    assert "### `bench.csv`" in text and "1.044" in text
+    # a short other CSV is rendered; a long one and a benchmark's are linked, relative to the document; a CSV
+    # with parts shows its first part
+    assert "### `compare.csv`" in text and "1.044" in text
+    assert "[`bench_x.csv`](../results/bench_x.csv): 1 rows" in text and "12.346" not in text
+    assert f"[`long.csv`](../results/long.csv): {report.MAX_TABLE_ROWS + 1} rows" in text and "7.654" not in text
+    assert "### `parts.csv`" in text and "5.432" in text and "9.877" not in text and "2 of 32 rows" in text
+    # the figures are linked relative to the document with their dtype
     assert "](../figures/task_acceptance.png)" in text and "float32" in text
     assert "`unbiasedness_pvalues.png` not drawn" in text and "](../figures/extra_plot.png)" in text
 
@@ -128,6 +138,12 @@ def test_shipped_results_document_matches_the_committed_csvs():
         assert f"**{r.verdict}**" in _row(shipped, r.claim)
 
 
+def test_shipped_results_document_stays_short():
+    """docs/RESULTS.md holds the claims, each notebook's key tables and links to the CSVs, not every row."""
+    lines = (paths.repo_root() / report.RESULTS_DOC).read_text().splitlines()
+    assert len(lines) <= report.MAX_LINES == 400, f"docs/RESULTS.md has {len(lines)} lines, at most 400"
+
+
 def test_speed_section_lists_every_method_the_goals_and_the_cost_model(tmp_path):
     rows = []
     for t in (0.0, 1.0):
@@ -140,8 +156,12 @@ def test_speed_section_lists_every_method_the_goals_and_the_cost_model(tmp_path)
     pd.DataFrame([{"goal": "greedy geometric mean over tasks", "wanted": ">= 1.6", "measured": 1.47, "met": False,
                    "method": "hybrid tree (auto)", "target": "t", "draft": "d", "dtype": "bfloat16"}]).to_csv(
         tmp_path / report.GOALS_CSV, index=False)
-    pd.DataFrame([{"method": "hybrid tree (auto)", "task": "code", "temperature": 0.0, "speedup": 1.8,
-                   "predicted speedup": 1.7}]).to_csv(tmp_path / report.COST_MODEL_CSV, index=False)
+    pd.DataFrame([{"method": "hybrid tree (auto)", "task": task, "temperature": t, "speedup": speed,
+                   "predicted speedup": predicted, "v measured": v}
+                  for task, t, speed, predicted, v in [("code", 0.0, 1.8, 1.7, 1.2),
+                                                       ("translation", 0.0, 1.2, 1.5, 1.4),
+                                                       ("code", 1.0, 9.9, 9.9, 9.9)]]).to_csv(
+        tmp_path / report.COST_MODEL_CSV, index=False)
     pd.DataFrame([{"step": "tree shape: fixed -> dynamic", "temperature": 1.0, "role": "after", "method": "dynamic",
                    "tau": 2.5}]).to_csv(tmp_path / report.PROGRESSION_CSV, index=False)
     text = report.speed_section(tmp_path)
@@ -150,5 +170,6 @@ def test_speed_section_lists_every_method_the_goals_and_the_cost_model(tmp_path)
     assert "| transformers prompt lookup | 0.99 |" in text and "run in bfloat16" in text
     assert "the fastest plain decoding measured in the same run (autoregressive, float32)" in text
     assert "| greedy geometric mean over tasks | >= 1.6 | 1.47 | False | hybrid tree (auto) |" in text
-    assert "| hybrid tree (auto) | code | 1.80 | 1.70 |" in text
+    # the cost model, greedy, one row per method: tasks, medians (v 1.3), geometric means of the speedups
+    assert "| hybrid tree (auto) | 2 | 1.30 | 1.47 | 1.60 |" in text and "9.90" not in text
     assert f"{report.NOT_MEASURED}: `{report.SUMMARY_CSV}`" in report.speed_section(tmp_path / "empty")

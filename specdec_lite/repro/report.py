@@ -3,9 +3,11 @@
 ``to_markdown`` renders a result frame as a GitHub table. ``write_results(results_dir, out_path)`` writes
 docs/RESULTS.md from the CSVs the notebooks leave in ``data/results/``: where it was measured, one verdict per
 claim (C1..C22, see docs/CLAIMS.md), each notebook's checks, the per-task tables, a short analysis computed from
-those tables, any other CSV found there, and the figures. Every number in the document comes from a CSV (or,
-for the "where measured" table, from the installed versions read when it is generated); a CSV that is missing
-gives an explicit "not measured yet" line instead of its section.
+those tables, the speed and cost-model tables (the cost model as one row per method), any other CSV found there
+(a short one as a table, a long one as a link), and the figures. The document stays within ``MAX_LINES`` lines:
+the CSVs hold every row. Every number in the document comes from a CSV (or, for the "where measured" table,
+from the installed versions read when it is generated); a CSV that is missing gives an explicit "not measured
+yet" line instead of its section.
 
     python -m specdec_lite.repro.report [--results data/results] [--out docs/RESULTS.md]
 """
@@ -35,6 +37,9 @@ SUMMARY_CSV, RUNS_CSV, CLAIMS_CSV = "task_acceptance_summary.csv", "task_accepta
 GOALS_CSV, COST_MODEL_CSV, PROGRESSION_CSV = "speed_goals.csv", "cost_model.csv", "drafting_progression.csv"
 ENDPOINT_RUNS_CSV = "endpoints_runs.csv"  # written by 05_endpoints: every request with its text (its table is shown)
 OVERALL = "overall (median)"
+MAX_LINES = 400  # the whole document; a test holds the shipped one to it
+MAX_TABLE_ROWS = 16  # an other CSV with more rows (in its first part, where it has a "part" column) is linked
+BENCH_PREFIX = "bench"  # repro.bench's tables, quoted with their machine in README.md and docs/SPEED.md: linked
 
 
 @dataclass(frozen=True)
@@ -240,30 +245,24 @@ def _baseline_words(frame: pd.DataFrame) -> str:
 
 
 def task_tables(results_dir: Path) -> str:
-    """alpha, mean accepted length, speedup and c per task and draft kind; acceptance by draft position."""
+    """alpha, mean accepted length and speedup per task and draft kind (c and the acceptance by draft position
+    are in the CSVs, the analysis and the cost model below)."""
     lines = ["## Every draft kind, per task (`03_task_acceptance`)", ""]
     summary, runs = _read(results_dir, SUMMARY_CSV), _read(results_dir, RUNS_CSV)
     lines += [_setup_line(runs), ""]
     if summary is None:
         return "\n".join(lines + [_missing(SUMMARY_CSV, "03_task_acceptance")])
     lines += ["Medians over prompts. alpha: accepted drafts / drafts the verifier looked at; mean accepted length: "
-              "tokens per round, the corrected or bonus token included; c: draft time per drafted token / target "
-              "time per plain step of the same model; speedup: time per token of " + _baseline_words(summary)
-              + " / the method's, on the same prompt, measured side by side. T is the temperature.", ""]
+              "tokens per round, the corrected or bonus token included; speedup: time per token of "
+              + _baseline_words(summary) + " / the method's, on the same prompt, measured side by side. T is the "
+              "temperature. Each method's draft cost c per task is in `task_acceptance_summary.csv`, its "
+              "acceptance by draft position (`accept_pos*`) in `task_acceptance_runs.csv` and "
+              "`figures/acceptance_by_position.png`.", ""]
     methods = list(dict.fromkeys(summary.method))
     for column, title in [("alpha", "alpha"), ("mean_accepted_length", "Mean accepted length"),
-                          ("speedup", "Speedup over the fastest plain decoding"), ("c", "Draft cost c")]:
+                          ("speedup", "Speedup over the fastest plain decoding")]:
         if column in summary:
             lines += [f"### {title}", "", to_markdown(_pivot(summary, column, methods), digits=2), ""]
-    if runs is not None:
-        pos = [c for c in runs.columns if c.startswith("accept_pos")]
-        spec = _speculative(runs)
-        if pos and len(spec):
-            table = spec.groupby(["method", "temperature"], sort=False)[["c", *pos]].median().reset_index()
-            table["temperature"] = [_f(t, 1) for t in table.temperature]
-            lines += ["### Acceptance by draft position", "",
-                      "P(draft i accepted | the drafts before it accepted), and c; medians over prompts.", "",
-                      to_markdown(table, digits=2), ""]
     return "\n".join(lines).rstrip()
 
 
@@ -274,7 +273,7 @@ def analysis(results_dir: Path) -> str:
     if summary is None:
         return "\n".join(lines + [_missing(SUMMARY_CSV, "03_task_acceptance")])
     gamma = int(_speculative(runs).gamma.median()) if runs is not None else None
-    implied = []
+    implied, formula = [], {}
     for t in sorted(summary.temperature.unique()):
         part = summary[summary.temperature == t]
         overall = part[part.task == OVERALL].set_index("method")
@@ -296,22 +295,25 @@ def analysis(results_dir: Path) -> str:
             above = sum(e[x] > m[x] for x in tasks if x in e and x in m)
             lines.append(f"- The EAGLE-style head's alpha is above the Medusa heads' in {above} of "
                          f"{len(tasks)} tasks (the articles rank EAGLE above Medusa).")
-        if gamma is not None and len(overall):
-            lines += ["", f"What the formula gives for each draft kind's overall alpha and c at gamma {gamma}, "
-                      "if the target's forward over gamma + 1 tokens cost one decode step (v = 1, the articles' "
-                      "assumption), beside the measured speedup; the last column is the verification cost v that "
-                      "would explain the measured speedup, mean accepted length / speedup - gamma c (rough: it "
-                      "combines medians).", ""]
-            rows = []
-            for method, r in overall.iterrows():
-                alpha = min(max(float(r.alpha), 0.0), 0.999)
-                rows.append({"method": method, "alpha": r.alpha, "c": r.c,
-                             "formula at v = 1": float(theory.speedup(alpha, gamma, float(r.c))),
-                             "measured (median)": r.speedup,
-                             "implied v": float(r.mean_accepted_length) / float(r.speedup) - gamma * float(r.c)})
-                implied.append(rows[-1]["implied v"])
-            lines.append(to_markdown(pd.DataFrame(rows), digits=2))
         lines.append("")
+        if gamma is None:
+            continue
+        for method, r in overall.iterrows():
+            if pd.isna(r.alpha):  # plain decoding, transformers' methods: no drafts of ours to put in the formula
+                continue
+            alpha = min(max(float(r.alpha), 0.0), 0.999)
+            row = formula.setdefault(method, {"method": method})
+            v = float(r.mean_accepted_length) / float(r.speedup) - gamma * float(r.c)
+            row.update({f"alpha (T={t:g})": r.alpha, f"c (T={t:g})": r.c,
+                        f"formula at v = 1 (T={t:g})": float(theory.speedup(alpha, gamma, float(r.c))),
+                        f"measured (T={t:g})": r.speedup, f"implied v (T={t:g})": v})
+            implied.append(v)
+    if formula:
+        lines += [f"What the formula gives for each draft kind's overall alpha and c at gamma {gamma}, if the "
+                  "target's forward over gamma + 1 tokens cost one decode step (v = 1, the articles' assumption), "
+                  "beside the measured speedup (median); implied v is the verification cost that would explain the "
+                  "measured speedup, mean accepted length / speedup - gamma c (rough: it combines medians).", "",
+                  to_markdown(pd.DataFrame(list(formula.values())), digits=2), ""]
     if implied and min(implied) > 1:
         lines.append("Every implied v is above 1: the target's forward over gamma + 1 tokens costs more than one "
                      "decode step here, so a draft must be accepted more often to pay for itself than the articles' "
@@ -342,19 +344,45 @@ def speed_section(results_dir: Path) -> str:
     for name, title in ((GOALS_CSV, "The speed goals, for the recommended drafting"),
                         (PROGRESSION_CSV, "Drafting's progression, step by step: tau, the measured speedup and the "
                                           "cost model's"),
-                        (COST_MODEL_CSV, "The cost model, greedy: predicted E[N] and speedup beside the measured ones")):
+                        (COST_MODEL_CSV, "The cost model, greedy: predicted E[N] and speedup beside the measured ones, "
+                                         "per method (medians over tasks; speedups as geometric means over tasks; "
+                                         "each task's row is in `cost_model.csv`)")):
         path = Path(results_dir) / name
         if path.exists():
             frame = pd.read_csv(path)
             if name == COST_MODEL_CSV:
-                frame = frame[frame.temperature == 0].drop(columns="temperature")
+                frame = cost_model_by_method(frame[frame.temperature == 0].drop(columns="temperature"))
             frame = frame.drop(columns=[c for c in ("target", "draft", "dtype") if c in frame])
             lines += [f"{title}:", "", to_markdown(frame, digits=2), ""]
     return "\n".join(lines).rstrip()
 
 
-def other_results(results_dir: Path) -> str:
-    """Any other CSV in the results folder, as a table (the first rows of long ones)."""
+def cost_model_by_method(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per method of the per-task cost-model table: speedups as geometric means over the tasks, every
+    other number as the median over them, in the method's first-seen order."""
+    speeds = [c for c in frame.columns if "speedup" in c]
+    numbers = [c for c in frame.select_dtypes("number").columns if c not in speeds]
+    rows = []
+    for method, part in frame.groupby("method", sort=False):
+        row = {"method": method, "tasks": int(part.task.nunique()) if "task" in part else len(part)}
+        row.update({c: float(part[c].median()) for c in numbers})
+        row.update({c: geometric_mean(part[c].dropna()) if part[c].notna().any() else float("nan") for c in speeds})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _link(path: Path, out_dir: Path | None) -> str:
+    """A markdown link to ``path`` relative to the document's folder (the bare name without one)."""
+    if out_dir is None:
+        return f"`{path.name}`"
+    rel = Path(os.path.relpath(Path(path).resolve(), Path(out_dir).resolve())).as_posix()
+    return f"[`{path.name}`]({rel})"
+
+
+def other_results(results_dir: Path, out_dir: Path | None = None) -> str:
+    """Any other CSV in the results folder: a short one as a table (where it has a "part" column, its first
+    part), a long one or a benchmark's (``bench*``) as a link with its size and columns, so that the document
+    stays short; every row stays in the CSV."""
     known = {CLAIMS_CSV, SUMMARY_CSV, RUNS_CSV, GOALS_CSV, COST_MODEL_CSV, PROGRESSION_CSV, ENDPOINT_RUNS_CSV}
     others = [p for p in sorted(Path(results_dir).glob("*.csv"))
               if p.name not in known and not p.name.startswith("claims_")]
@@ -364,13 +392,23 @@ def other_results(results_dir: Path) -> str:
     if not compared and not any("bench" in p.name for p in others):
         lines += [f"*Benchmark against transformers' `generate`, prompt lookup and assisted generation: "
                   f"{NOT_MEASURED} into a CSV; `python -m specdec_lite.repro.bench` prints it.*", ""]
+    linked = []
     for path in others:
         frame = pd.read_csv(path)
-        shown = frame.head(40)
-        lines += [f"### `{path.name}`", "", to_markdown(shown, digits=3)]
-        if len(frame) > len(shown):
-            lines.append(f"\n(first {len(shown)} of {len(frame)} rows)")
-        lines.append("")
+        shown, note = frame, ""
+        if "part" in frame and len(frame):
+            first = frame.part.iloc[0]
+            shown = frame[frame.part == first].drop(columns="part")
+            if len(shown) < len(frame):
+                note = f"Its part `{first}`, {len(shown)} of {len(frame)} rows; the other parts are in the CSV."
+        if len(shown) > MAX_TABLE_ROWS or path.name.startswith(BENCH_PREFIX):
+            linked.append(f"- {_link(path, out_dir)}: {len(frame)} rows; columns " +
+                          ", ".join(f"`{c}`" for c in frame.columns) + ".")
+            continue
+        lines += [f"### `{path.name}`", "", f"From {_link(path, out_dir)}." + (f" {note}" if note else ""), "",
+                  to_markdown(shown, digits=3), ""]
+    if linked:
+        lines += ["### Longer tables, in their CSVs", "", *linked, ""]
     return "\n".join(lines).rstrip()
 
 
@@ -385,7 +423,8 @@ def figures_section(figures_dir: Path, out_dir: Path, results_dir: Path) -> str:
         if fig.dtype == REAL_MODELS:
             fig = Figure(fig.file, fig.notebook, fig.shows, f"{recorded_dtypes(results_dir)} (real models)")
         if (Path(figures_dir) / fig.file).exists():
-            lines += [f"**{fig.shows}** ({where}dtype: {fig.dtype})", "", f"![{Path(fig.file).stem}]({rel}/{fig.file})", ""]
+            lines += [f"**{fig.shows}** ({where}dtype: {fig.dtype})\\", f"![{Path(fig.file).stem}]({rel}/{fig.file})",
+                      ""]
         else:
             lines += [f"**{fig.shows}** ({where}dtype: {fig.dtype}): *{NOT_MEASURED}, `{fig.file}` not drawn.*",
                       ""]
@@ -408,7 +447,8 @@ def results_markdown(results_dir: Path | None = None, out_dir: Path | None = Non
         "those files. Rerun the notebooks (`make reproduce`) to remake them. The claims are described in "
         "[CLAIMS.md](CLAIMS.md), the articles they come from in [SOURCES.md](SOURCES.md)."])
     sections = [head, where_measured(results_dir, env), claims_overview(results_dir), claims_by_notebook(results_dir),
-                task_tables(results_dir), analysis(results_dir), speed_section(results_dir), other_results(results_dir),
+                task_tables(results_dir), analysis(results_dir), speed_section(results_dir),
+                other_results(results_dir, out_dir),
                 figures_section(figures_dir, out_dir, results_dir)]
     return "\n\n".join(s.rstrip() for s in sections) + "\n"
 
