@@ -59,7 +59,7 @@ def test_sweep_over_two_local_pairs_and_a_refused_one(tmp_path, local_pairs):
     assert set(table.dtype) == {"float32", "bfloat16"} and {"trained draft", "n-gram", "layer-skip"} <= set(table.method)
     ours = table[table.kind == "speculative"]  # plain decoding's and transformers' rows have speedups only
     assert ours[["alpha", "mean_accepted_length", "c", "speedup"]].notna().all().all() and table.speedup.notna().all()
-    assert table.baseline.str.match(r"(autoregressive|transformers generate), (float32|bfloat16)( unpacked)?$").all()
+    assert table.baseline.str.match(r"(autoregressive|transformers generate), (float32|bfloat16|float16)( unpacked)?$").all()
     assert {"transformers generate", "transformers prompt lookup"} <= set(table.method)
     assert written["figure"].stat().st_size > 10_000
     assert shipped_digest() == before  # byte for byte

@@ -36,8 +36,8 @@ REMOVED_HEADS = ("smollm2-135m-eagle", "smollm2-135m-eagle-deep", "smollm2-135m-
 def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
     """A draft for ``target`` by name (``DRAFT_NAMES``): ``"auto"`` (the recommended drafting, ``auto_draft``),
     ``"hybrid-dynamic"`` (lookup branches and EAGLE-2's dynamic tree on the EAGLE head in one tree),
-    ``"dynamic-tree"`` (the dynamic tree alone; both measure their costs on this machine when they load, a few
-    seconds), ``"eagle-tree"`` (the head's adaptive chain with siblings), ``"n-gram"`` (prompt lookup),
+    ``"dynamic-tree"`` (the dynamic tree alone; both size their trees by this machine's costs, measured at the
+    first load, a few seconds, and then read from its cost profile: ``measured_dynamic_tree``), ``"eagle-tree"`` (the head's adaptive chain with siblings), ``"n-gram"`` (prompt lookup),
     ``"layer-skip"`` (the target's own layers, middle third skipped); a feature-level head
     (``"smollm2-135m-eagle-deep-ttt"``, ``"smollm2-135m-medusa"`` or a folder with ``head_config.json``; refused when
     it was trained for another target), or else a draft model (package name, Hugging Face id or local path; its
