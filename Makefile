@@ -50,9 +50,11 @@ ifneq ($(NOTEBOOKS),)
 	SPECDEC_SMOKE=1 $(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS) -q -p no:cacheprovider
 endif
 
-# retrain the drafts and heads from the target-made text and publish them into data/drafts/ (notebooks/drafts.yaml:
-# hours on a 2-core CPU; rerun to resume); `make reproduce` then re-evaluates them
+# retrain the drafts and heads from the target-made text (restored first from the repository's history into the
+# cache, where it lives) and publish them into data/drafts/ (notebooks/drafts.yaml: hours on a 2-core CPU; rerun to
+# resume); `make reproduce` then re-evaluates them
 drafts: setup
+	$(BIN)/python -m specdec_lite.train.restore
 	$(BIN)/python -m specdec_lite.sweep notebooks/drafts.yaml
 
 # run chosen notebooks for several model pairs and compare them (see notebooks/pairs.example.yaml)

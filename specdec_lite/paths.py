@@ -6,10 +6,11 @@ Shipped data (the trained drafts and heads, the evaluation prompts) is found, in
      ``specdec_lite/shipped/``);
   3. the repository's ``data/`` folder, for a source checkout or an editable install.
 
-Everything the reproduction publishes (target-made text, results CSVs, figures) lives in the repository checkout
-(``repo_root()``). What is made again on demand, or is state rather than product, goes to the cache,
-``$SPECDEC_LITE_CACHE`` or ``~/.cache/specdec_lite``, and is never tracked: model conversions, features, training
-runs (optimizer states, checkpoints) and the machine's measured cost profiles.
+Everything the reproduction publishes (results CSVs, figures) lives in the repository checkout (``repo_root()``).
+What is made again on demand, or is state rather than product, goes to the cache, ``$SPECDEC_LITE_CACHE`` or
+``~/.cache/specdec_lite``, and is never tracked: model conversions, the training text (restored from the
+repository's history by ``python -m specdec_lite.train.restore``), features, training runs (optimizer states,
+checkpoints) and the machine's measured cost profiles.
 """
 from __future__ import annotations
 
@@ -57,13 +58,20 @@ def repo_root() -> Path:
 
 
 def corpus_dir() -> Path:
-    """Target-made training text (``tokens.bin``, ``index.jsonl``)."""
-    return repo_root() / "data" / "target_text"
+    """Target-made training text (``tokens.bin``, ``index.jsonl``); ``train.restore`` writes the shipped one."""
+    return cache_dir() / "target_text"
 
 
 def teacher_dir() -> Path:
-    """Teacher-forced training text: installed code, documentation and translation catalogs, tokenized."""
-    return repo_root() / "data" / "teacher_text"
+    """Teacher-forced training text: installed code, documentation and translation catalogs, tokenized
+    (``train.restore`` writes the shipped one)."""
+    return cache_dir() / "teacher_text"
+
+
+def training_text_dirs() -> dict[str, Path]:
+    """The shipped training text: {its folder in the repository's history (tracked until ``train.restore``'s
+    commit): where it lives now}."""
+    return {"data/target_text": corpus_dir(), "data/teacher_text": teacher_dir()}
 
 
 def results_dir() -> Path:

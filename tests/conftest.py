@@ -60,3 +60,21 @@ def local_pairs(tmp_path_factory):
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
     return root
+
+
+@pytest.fixture(scope="session")
+def restored_text(tmp_path_factory):
+    """The shipped training text, restored from the repository's history into a fresh cache folder:
+    {"target_text": folder, "teacher_text": folder}. A clone without that history (a shallow one) skips the tests
+    that read it, saying so."""
+    from specdec_lite import paths
+    from specdec_lite.train import restore
+
+    try:
+        restore.check_commit(paths.repo_root())
+    except RuntimeError as e:
+        pytest.skip(f"the training text is in the repository's history, which this clone lacks: {e}")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(paths.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
+        return restore.restore_text()
+

@@ -46,7 +46,7 @@ def trained_draft(target, tmp_path_factory):
     cfg = distill.TrainConfig(steps=6, batch_size=4, lr=1e-2, warmup=2, topk=4, eval_every=3, heldout_fraction=0.2)
     log = distill.train_draft(draft, sequences, soft, cfg, out, progress=False)
     index = [{"gen_len": 12, "temperature": 0.0, "family": "code"}] * 10
-    cards.draft_card(out, draft, "tiny", index, log, cfg)
+    cards.draft_card(out, draft, "tiny", cards.training_data(index), log, cfg)
     return out, draft, cfg, log, index
 
 
@@ -90,12 +90,18 @@ def test_copy_checkpoint_reads_its_source_only(trained_draft, tmp_path):
 
 def test_the_checkpoint_records_the_corpus_records_it_was_trained_on(trained_draft, tmp_path):
     out, _, _, _, index = trained_draft
-    longer = index + [{"gen_len": 5, "temperature": 0.7, "family": "chat"}] * 3  # the corpus grew since
-    assert cards.trained_on(out, longer) == index
-    with pytest.raises(ValueError, match="does not begin with"):
-        cards.trained_on(out, [{"gen_len": 11}] * 10)
+    used = cards.trained_on(out)  # read back without the corpus
+    assert used == {"records": 10, "reply_tokens": 120, "groups": [
+        {"family": "code", "temperature": 0.0, "records": 10, "reply_tokens": 120}]}
+    mixed = index + [{"gen_len": 5, "temperature": 0.7, "family": "chat"}] * 3
+    assert cards.training_data(mixed)["groups"][0] == {"family": "chat", "temperature": 0.7, "records": 3,
+                                                       "reply_tokens": 15}
+    assert cards.families_and_temperatures(cards.training_data(mixed)) == (["chat", "code"], [0.0, 0.7])
     with pytest.raises(FileNotFoundError, match="retrain"):
-        cards.trained_on(tmp_path, index)
+        cards.trained_on(tmp_path)
+    (tmp_path / cards.TRAINING_DATA).write_text(json.dumps({"records": 10, "reply_tokens": 120}))
+    with pytest.raises(ValueError, match="retrain it"):  # written before the summary: the families are unknown
+        cards.trained_on(tmp_path)
 
 
 def test_read_config_refuses_unknown_settings(tmp_path):
@@ -128,7 +134,8 @@ def test_head_checkpoint_round_trips_without_training_data(target, tmp_path, kin
     assert torch.equal(loaded.vocab_ids, trainer.vocab_ids)
     expected = half_rounded(trainer.head.state_dict())  # the committed float16 head, not the training state
     assert all(torch.equal(v, expected[k]) for k, v in loaded.head.state_dict().items())
-    card = cards.head_card(tmp_path / "head", loaded, [{"gen_len": 11, "family": "code"}] * 10)
+    used = cards.training_data([{"gen_len": 11, "family": "code", "temperature": 1.0}] * 10)
+    card = cards.head_card(tmp_path / "head", loaded, used)
     assert "4 AdamW steps" in card and "| 4 |" in card
     assert isinstance(sd.load_draft(str(tmp_path / "head"), target), heads.FeatureDraft)
     with pytest.raises(ValueError, match="training data"):
@@ -140,8 +147,8 @@ def test_head_checkpoint_round_trips_without_training_data(target, tmp_path, kin
     written = {"README.md", cards.TRAINING_DATA}  # only the card and the record of its training data
     assert {k: v for k, v in digests(tmp_path / "head").items() if k not in written} == \
         {k: v for k, v in before.items() if k not in written}
-    used = json.loads((tmp_path / "head" / cards.TRAINING_DATA).read_text())
-    assert used == {"records": 10, "reply_tokens": 110}
+    assert cards.trained_on(tmp_path / "head") == used == json.loads(json.dumps(used))
+    assert used["records"] == 10 and used["reply_tokens"] == 110
     (tmp_path / "head" / CONFIG_FILE).unlink()
     with pytest.raises(FileNotFoundError, match=CONFIG_FILE):
         HeadTrainer.from_checkpoint(target, tmp_path / "head", kind)

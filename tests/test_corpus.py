@@ -1,5 +1,6 @@
 """Training text: target-made (append-only storage, resumable), prompts harvested from installed files (deterministic,
-the four tasks, disjoint from the evaluation prompts), and teacher-forced text (round trip, resume)."""
+the four tasks, disjoint from the evaluation prompts), teacher-forced text (round trip, resume), and the shipped
+text restored from the repository's history."""
 import struct
 from collections import Counter
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 from specdec_lite.repro import tasks
-from specdec_lite.train import corpus, sources, teacher
+from specdec_lite import paths
+from specdec_lite.train import cards, corpus, restore, sources, teacher
 
 from conftest import tiny_llama
 
@@ -194,3 +196,35 @@ def test_translation_documents_are_chat_conversations(tmp_path, monkeypatch, emb
     assert (doc.kind, doc.package, doc.path) == ("translation", "demo", "fr/LC_MESSAGES/demo.mo")
     assert doc.text.count("Translate into French: Open file number") == 8
     assert "<|im_start|>assistant\nOuvrir le fichier numéro 3<|im_end|>" in doc.text
+
+
+# --- the shipped training text, restored (restore.py) ---------------------------------------------------------------
+
+def test_restored_text_is_what_the_shipped_checkpoints_were_trained_on(restored_text):
+    records = corpus.load_records(restored_text["target_text"])
+    assert len(records) == 36_495 and all(len(ids) == e["prompt_len"] + e["gen_len"] for e, ids in records)
+    assert len(teacher.load_chunks(restored_text["teacher_text"])) > 1000
+    index = [e for e, _ in records]
+    for checkpoint in sorted(paths.drafts_dir().iterdir()):
+        used = cards.trained_on(checkpoint)
+        assert cards.training_data(index[: used["records"]]) == used, checkpoint.name
+
+
+def test_restoring_again_leaves_the_text_as_it_is(restored_text, monkeypatch, capsys):
+    monkeypatch.setenv(paths.CACHE_ENV, str(restored_text["target_text"].parent))
+    before = {f: f.stat().st_mtime_ns for folder in restored_text.values() for f in folder.iterdir()}
+    assert restore.restore_text() == restored_text
+    assert capsys.readouterr().out.count("left as it is") == 2
+    assert {f: f.stat().st_mtime_ns for folder in restored_text.values() for f in folder.iterdir()} == before
+
+
+def test_missing_training_text_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path))
+    for load in (corpus.load_index, corpus.load_records, teacher.load_index, teacher.load_chunks):
+        with pytest.raises(FileNotFoundError, match="python -m specdec_lite.train.restore"):
+            load()
+    assert corpus.load_index(tmp_path / "new") == [] == teacher.load_chunks(tmp_path / "new")  # a run writes there
+    with pytest.raises(RuntimeError, match="git fetch --unshallow"):
+        restore.restore_text(commit="0" * 40)
+    assert not any(tmp_path.iterdir())  # refused before any work
+

@@ -61,6 +61,6 @@ def test_training_lowers_the_loss_and_saves_a_loadable_draft(tiny_setup, tmp_pat
     gen = sd.speculative_generate(target, loaded, sequences[0][0][None, :6], gamma=3, max_new_tokens=20,
                                   sampling=sd.SamplingParams(0))
     assert gen.tokens.tolist() == sequences[0][0][6:26].tolist()  # greedy identity with the trained draft
-    card = cards.draft_card(tmp_path, loaded, "tiny", [{"gen_len": 20, "temperature": 0.0,
-                                                  "family": "code"}], log, cfg)
+    used = cards.training_data([{"gen_len": 20, "temperature": 0.0, "family": "code"}])
+    card = cards.draft_card(tmp_path, loaded, "tiny", used, log, cfg)
     assert "| 60 |" in card and "parameters" in card

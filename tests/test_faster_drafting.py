@@ -166,7 +166,7 @@ def assert_greedy_identity(model, tokenizer):
 
 def test_auto_is_the_hybrid_dynamic_tree_greedy_and_the_heads_chain_at_t_above_0(embedded, tmp_path, monkeypatch):
     """``load_draft("auto")`` as installed (a data folder holding the recommended head alone) and with every read of
-    the repository (``data/target_text``) failing: greedy, lookup branches and EAGLE-2's dynamic tree on that head,
+    the repository and of the training text failing: greedy, lookup branches and EAGLE-2's dynamic tree on that head,
     with costs measured on this machine; at T > 0, the head's chain, the ``EagleDraft`` ``load_draft`` gives for
     the head by name (the same weights); both on the shipped two-layer head trained unrolled on a GPU."""
     model, _ = embedded
@@ -176,7 +176,7 @@ def test_auto_is_the_hybrid_dynamic_tree_greedy_and_the_heads_chain_at_t_above_0
     monkeypatch.setenv(paths.DATA_ENV, str(tmp_path))
 
     def no_repository():
-        raise AssertionError("auto read the repository's data (data/target_text)")
+        raise AssertionError("auto read the repository or the training text")
 
     monkeypatch.setattr(paths, "repo_root", no_repository)
     monkeypatch.setattr(paths, "corpus_dir", no_repository)

@@ -86,7 +86,7 @@ def test_training_runs_write_checkpoints_and_text_only_where_they_may(capsys):
     assert "training replaces the shipped data/drafts/smollm2-135m-draft" in capsys.readouterr().out
     assert run.corpus(generates=False) == shipped.corpus(generates=True) == paths.corpus_dir()
     assert setup(smoke=True).corpus(generates=True) == setup(smoke=True).folder / "target_text"
-    with pytest.raises(ValueError, match="appends to the shipped data/target_text: set publish = True"):
+    with pytest.raises(ValueError, match="appends to the training text in the cache: set publish = True"):
         run.corpus(generates=True)
 
 

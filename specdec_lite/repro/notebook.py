@@ -111,12 +111,13 @@ class NotebookRun:
         return folders
 
     def corpus(self, generates: bool) -> Path:
-        """The target-made text a training notebook reads (``data/target_text``). Generating more appends to
-        it, so only a publishing run may; a smoke run makes its own few records under its folder."""
+        """The target-made text a training notebook reads (``paths.corpus_dir()``, in the cache). Generating more
+        appends to it, and the published checkpoints were trained on its first records, so only a publishing run
+        may; a smoke run makes its own few records under its folder."""
         if generates and self.smoke:
             return self.folder / "target_text"
         if generates and not self.published:
-            raise ValueError("corpus_budget > 0 appends to the shipped data/target_text: set publish = True, or "
+            raise ValueError("corpus_budget > 0 appends to the training text in the cache: set publish = True, or "
                              "generate with python -m specdec_lite.train.corpus")
         return paths.corpus_dir()
 

@@ -1,6 +1,7 @@
 """Training the drafts the package ships (not needed to run the loop).
 
   corpus     text written by the target itself, stored compactly and appended to
+  restore    the shipped training text, written into the cache from the repository's history
   features   the target's last hidden states over that text, by teacher forcing
   batching   padded batches for teacher forcing and training; the most frequent reply tokens
   draft      the standalone draft model, distilled from the target's top-k soft labels

@@ -4,12 +4,14 @@ Every card has the same parts: a title and a paragraph on how to load the model,
 its training data, its training (settings, then the loss curve from ``training_log.jsonl``) and, when given,
 the held-out acceptance on the evaluation prompts. ``write_card`` lays them out; ``draft_card`` and
 ``head_card`` fill them in for each kind of draft. Each card also records, in ``training_data.json`` beside it,
-how many corpus records (and reply tokens) the checkpoint was trained on; ``trained_on`` reads that back, for
-rewriting the card of a checkpoint without retraining it.
+which corpus records the checkpoint was trained on (the first N, with their reply tokens per family and
+temperature); ``trained_on`` reads that back, for rewriting the card of a checkpoint without retraining it and
+without the training text.
 """
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from ..core.models import EMBEDDED_DRAFT, EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_MEDUSA, EMBEDDED_TARGET
@@ -52,40 +54,52 @@ def write_card(out_dir: Path, title: str, intro: str, architecture: str, data: s
     return text
 
 
-TRAINING_DATA = "training_data.json"  # {"records": N, "reply_tokens": M}: the first N records of the corpus
+TRAINING_DATA = "training_data.json"  # the corpus records a checkpoint was trained on (the first N), summarized
 
 
-def record_training_data(out_dir: Path, corpus_index: list[dict]) -> None:
-    """Write which corpus records (the first N of the index, which only grows) a checkpoint was trained on."""
-    used = {"records": len(corpus_index), "reply_tokens": sum(e["gen_len"] for e in corpus_index)}
+def training_data(corpus_index: list[dict]) -> dict:
+    """What a checkpoint was trained on, from the index entries of its records (the first N of the corpus index,
+    which only grows): their number, their reply tokens, and both per family and temperature (``groups``)."""
+    records, tokens = Counter(), Counter()
+    for e in corpus_index:
+        records[e["family"], e["temperature"]] += 1
+        tokens[e["family"], e["temperature"]] += e["gen_len"]
+    groups = [{"family": family, "temperature": temperature, "records": records[family, temperature],
+               "reply_tokens": tokens[family, temperature]} for family, temperature in sorted(records)]
+    return {"records": len(corpus_index), "reply_tokens": sum(tokens.values()), "groups": groups}
+
+
+def record_training_data(out_dir: Path, used: dict) -> None:
+    """Write ``used`` (``training_data``) beside the checkpoint, so that its card can be rewritten without the
+    training text."""
     (Path(out_dir) / TRAINING_DATA).write_text(json.dumps(used, indent=1) + "\n")
 
 
-def trained_on(out_dir: Path, index: list[dict]) -> list[dict]:
-    """The entries of ``index`` (the corpus index, which only grows) that the checkpoint in ``out_dir`` was trained
-    on: the first N, N from its ``training_data.json``; the reply tokens recorded there must agree."""
+def trained_on(out_dir: Path) -> dict:
+    """What the checkpoint in ``out_dir`` was trained on (``training_data``), as recorded beside it."""
     path = Path(out_dir) / TRAINING_DATA
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing, so it is not known which records the checkpoint was trained "
                                 "on: restore it (git checkout -- data/drafts/<name>) or retrain (retrain = True)")
     used = json.loads(path.read_text())
-    records, reply_tokens = int(used["records"]), int(used["reply_tokens"])
-    first = index[:records]
-    if len(first) < records or sum(e["gen_len"] for e in first) != reply_tokens:
-        raise ValueError(f"the corpus index ({len(index)} records) does not begin with the {records} records "
-                         f"({reply_tokens} reply tokens) {out_dir} was trained on: give the corpus the "
-                         "checkpoint was trained on")
-    return first
+    if "groups" not in used:
+        raise ValueError(f"{path} names only how many records the checkpoint was trained on, not their families: "
+                         "retrain it (retrain = True), which writes the whole summary")
+    return used
 
 
-def draft_card(out_dir: Path, draft, target_name: str, corpus_index: list, log: list, cfg, evaluation=None) -> str:
-    """The standalone draft's card; ``cfg`` is its ``train.draft.TrainConfig``."""
+def families_and_temperatures(used: dict) -> tuple[list, list]:
+    """The families and the temperatures of the records ``used`` summarizes, each sorted."""
+    return (sorted({g["family"] for g in used["groups"]}), sorted({g["temperature"] for g in used["groups"]}))
+
+
+def draft_card(out_dir: Path, draft, target_name: str, used: dict, log: list, cfg, evaluation=None) -> str:
+    """The standalone draft's card; ``used`` is what it was trained on (``training_data``), ``cfg`` its
+    ``train.draft.TrainConfig``."""
     out_dir, c = Path(out_dir), draft.config
     params = sum(p.numel() for p in draft.parameters())
-    reply_tokens = sum(e["gen_len"] for e in corpus_index)
-    temps = sorted({e["temperature"] for e in corpus_index})
-    families = sorted({e["family"] for e in corpus_index})
-    record_training_data(out_dir, corpus_index)
+    families, temps = families_and_temperatures(used)
+    record_training_data(out_dir, used)
     return write_card(
         out_dir, f"{out_dir.name}: a draft model for {target_name}",
         "Trained by specdec_lite (`notebooks/00_train_draft.ipynb`) from the target alone. A plain transformers "
@@ -94,7 +108,7 @@ def draft_card(out_dir: Path, draft, target_name: str, corpus_index: list, log: 
         f"({c.num_key_value_heads} key/value), MLP {c.intermediate_size}, vocabulary {c.vocab_size} (tied input/"
         f"output embeddings, initialised by PCA of the target's). {params / 1e6:.2f} M parameters, stored in float16: "
         f"{directory_megabytes(out_dir):.1f} MB for the whole folder.",
-        f"{len(corpus_index)} replies written by the target ({reply_tokens} reply tokens) to template-made "
+        f"{used['records']} replies written by the target ({used['reply_tokens']} reply tokens) to template-made "
         f"instructions ({', '.join(families)}; `specdec_lite/train/corpus.py`), sampled at temperatures {temps} "
         "(0 = greedy). None of those instructions overlaps the evaluation prompts in `data/prompts/` (a test "
         f"checks it). Labels: the target's own tokens and its top-{cfg.topk} next-token probabilities by "
@@ -116,14 +130,14 @@ def decoder_layers(hc) -> str:
     return f"{hc.num_layers} decoder layers (each after the first began as the identity)"
 
 
-def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
+def head_card(out_dir: Path, trainer, used: dict, evaluation=None,
               trained_by: str = "`notebooks/00_train_heads.ipynb`") -> str:
-    """A head's card (EAGLE-style or Medusa); ``trainer`` is the ``train.heads.HeadTrainer`` that trained it."""
+    """A head's card (EAGLE-style or Medusa); ``trainer`` is the ``train.heads.HeadTrainer`` that trained it,
+    ``used`` what it was trained on (``training_data``)."""
     out_dir, cfg, hc = Path(out_dir), trainer.cfg, trainer.head_cfg
     params = parameter_count(trainer.head)
     size = (out_dir / "head.safetensors").stat().st_size / 1e6
-    reply_tokens = sum(e["gen_len"] for e in corpus_index)
-    families = sorted({e["family"] for e in corpus_index})
+    families, _ = families_and_temperatures(used)
     vocab = f"the {hc.sub_vocab_size} most frequent reply tokens" if hc.sub_vocab_size else "the full vocabulary"
     if hc.kind == "eagle":
         what = (f"EAGLE-style head (Li et al. 2024): a linear fusion of (target feature, token embedding) into "
@@ -147,7 +161,7 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
         within = sum(i >= cfg.first_record for i in cfg.heldout)
         held += f", {within} of them among its records (corpus records {cfg.first_record} on: the table's held-out)"
     start = f"Started from the weights of `{cfg.start_from}`. " if cfg.start_from else ""
-    record_training_data(out_dir, corpus_index)
+    record_training_data(out_dir, used)
     return write_card(
         out_dir, f"{out_dir.name}: {'an EAGLE-style head' if hc.kind == 'eagle' else 'Medusa heads'} for {hc.target}",
         f"Trained by specdec_lite ({trained_by}) from the target alone. Load it with "
@@ -157,7 +171,7 @@ def head_card(out_dir: Path, trainer, corpus_index: list, evaluation=None,
         f"{what}\nOutput over {vocab} (q is zero elsewhere; exact, since the verifier gets that q). "
         f"{params / 1e6:.2f} M trained parameters; `head.safetensors` (float16) {size:.1f} MB. The target's "
         "embedding and output layer are used, not copied.",
-        f"{len(corpus_index)} records written by the target ({reply_tokens} reply tokens; families "
+        f"{used['records']} records written by the target ({used['reply_tokens']} reply tokens; families "
         f"{', '.join(families)}; `specdec_lite/train/corpus.py`) and the target's last hidden state at every token "
         "by teacher forcing (`specdec_lite/train/features.py`). None of the instructions overlaps the evaluation "
         "prompts.",

@@ -6,15 +6,15 @@ decoder layers), which ``data/results/heads.csv`` lists with their scores and th
 git commit 7635d78. The shipped head keeps that recipe (``heads.py``: the target's last hidden state by teacher
 forcing, smooth-L1 on the next feature plus cross-entropy through the target's head, noise on the input features,
 unrolled ``UNROLL`` drafting steps on its own predictions: EAGLE-3's training-time test, ``heads.eagle_loss``). A
-run here warm-starts from the shipped head's weights and sub-vocabulary (``START``) and trains on every reply in
-``data/target_text`` the corpus holds at its first start.
+run here warm-starts from the shipped head's weights and sub-vocabulary (``START``) and trains on every reply
+the corpus (``paths.corpus_dir()``) holds at its first start.
 
 It holds out the EAGLE-3 run's replies (``eagle3.heldout_indices``: records the first head never saw) and
 ``eagle3.HELDOUT_RECORDS`` of the records the shipped head never saw, spread evenly over them (``new_heldout``), or,
 on no record newer than the shipped head's, the shipped head's held-out records. It is compared with the shipped
 head on its held-out replies by ``eagle3.acceptance`` and replaces it only when better.
 
-    python -m specdec_lite.train.features --corpus data/target_text      # the features (resumable)
+    python -m specdec_lite.train.features                                # the features (resumable)
     python -m specdec_lite.train.continued --minutes 40    # resumes exactly (--device cuda --batch-size 64: a GPU)
     python -m specdec_lite.train.continued --publish       # ship it if it is better
 
@@ -125,7 +125,7 @@ def publish(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = N
     index = corpus.load_index(corpus_dir)[trainer.cfg.first_record: trainer.cfg.records]
     arguments, where = TRAINED_ELSEWHERE.get(name, ("", ""))
     command = f"python -m specdec_lite.train.continued --head {name} {arguments}".strip()
-    cards.head_card(out_dir, trainer, index, trained_by=f"`{command}` {where}".strip())
+    cards.head_card(out_dir, trainer, cards.training_data(index), trained_by=f"`{command}` {where}".strip())
     cards.append_comparison(out_dir, comparison, "`specdec_lite.train.continued.compare_heads`",
                             "the head it started from")
     print(f"published to {out_dir}: load_draft('{name}'), or a tree draft on it with tree_draft(name, target, "

@@ -10,11 +10,12 @@ Prompts come from three places:
 All are disjoint from the evaluation prompts in ``data/prompts/`` (tests check it).
 
 Text written by the target itself is what a draft must learn to predict, and on a 2-core CPU it is the scarce
-resource, so it is kept compactly and every run appends to it, a batch at a time (a run can be stopped at any
-moment and resumed):
+resource, so it is kept compactly in the cache (``paths.corpus_dir()``; the shipped text is restored there by
+``python -m specdec_lite.train.restore``) and every run appends to it, a batch at a time (a run can be stopped at
+any moment and resumed):
 
-    data/target_text/tokens.bin    uint16 token ids, records back to back (prompt with chat template, then reply)
-    data/target_text/index.jsonl   one line per record: id, family, prompt, offset, prompt_len, gen_len,
+    tokens.bin    uint16 token ids, records back to back (prompt with chat template, then reply)
+    index.jsonl   one line per record: id, family, prompt, offset, prompt_len, gen_len,
                                    temperature, top_p, seed, target; the records since the harvested sources
                                    also source (where the prompt came from), top_k (0: none) and dtype
 
@@ -56,14 +57,24 @@ import torch
 from .. import paths
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from .refill import RefillingSampler
+from .restore import missing_text
 
 TEMPERATURES = (0.0, 0.7, 1.0)  # cycled over records: greedy text for greedy acceptance, sampled for variety
 SOURCE_TEMPERATURES = (0.0, 1.0)  # the harvested prompts: greedy and plain sampling, as in the evaluation
 
 
+def corpus_folder(out_dir: Path | None = None) -> Path:
+    """``out_dir``, or the training text in the cache, which must then be there (``train.restore`` writes it)."""
+    if out_dir is not None:
+        return Path(out_dir)
+    if not (paths.corpus_dir() / "index.jsonl").exists():
+        raise missing_text(paths.corpus_dir(), "target-made text")
+    return paths.corpus_dir()
+
+
 def load_index(out_dir: Path | None = None) -> list[dict]:
     """The corpus's index entries (``index.jsonl``), one per record (none in a new folder)."""
-    path = Path(out_dir or paths.corpus_dir()) / "index.jsonl"
+    path = corpus_folder(out_dir) / "index.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -71,7 +82,7 @@ def load_index(out_dir: Path | None = None) -> list[dict]:
 
 def load_records(out_dir: Path | None = None) -> list[tuple[dict, np.ndarray]]:
     """[(index entry, token ids of prompt + reply)] for every stored record (none in a new folder)."""
-    out_dir = Path(out_dir or paths.corpus_dir())
+    out_dir = corpus_folder(out_dir)
     if not (out_dir / "tokens.bin").exists():
         return []
     tokens = np.fromfile(Path(out_dir) / "tokens.bin", dtype=np.uint16)
@@ -306,7 +317,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
     parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
-    parser.add_argument("--out", default=None, help="default: the repository's data/target_text")
+    parser.add_argument("--out", default=None, help="default: the training text in the cache (paths.corpus_dir())")
     parser.add_argument("--budget", type=int, default=100_000, help="new reply tokens to write")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=192)

@@ -1,11 +1,11 @@
 """The target's last hidden states over its own text, by teacher forcing: training data for feature-level drafts
 (EAGLE-style head, Medusa heads; ``heads.py``).
 
-One forward of the target over each record of ``data/target_text`` gives, at every position i, the hidden state
-f_i that its output layer turns into the logits for token i+1 (after the final norm: ``lm_head(f_i)`` are the
-logits). They are stored as float16, one row per token, aligned with ``tokens.bin`` (row j = token j), in a
-cache folder (about 1.2 kB a token: 580 MB for the 500k tokens of the shipped corpus; too big to commit,
-remade in about 15 minutes):
+One forward of the target over each record of the target-made text (``paths.corpus_dir()``) gives, at every
+position i, the hidden state f_i that its output layer turns into the logits for token i+1 (after the final norm:
+``lm_head(f_i)`` are the logits). They are stored as float16, one row per token, aligned with ``tokens.bin`` (row j
+= token j), in a cache folder (about 1.2 kB a token: 580 MB for the 500k tokens of the shipped corpus; too big to
+commit, remade in about 15 minutes):
 
     python -m specdec_lite.train.features              # resumes: records already done are skipped
 
@@ -26,6 +26,7 @@ from ..drafts.fingerprint import weights_fingerprint
 from .. import paths
 from .batching import padded
 from .corpus import load_index
+from .restore import missing_text
 
 
 SORTED_BATCHES = 16  # batches per chunk: a chunk's records are batched by length (a third less padding than in
@@ -57,7 +58,7 @@ def extract_features(target, corpus_dir: Path | None = None, out_dir: Path | Non
     corpus_dir = Path(corpus_dir or paths.corpus_dir())
     index = load_index(corpus_dir)
     if not index:
-        raise FileNotFoundError(f"no target-made text in {corpus_dir}: run `python -m specdec_lite.train.corpus` first")
+        raise missing_text(corpus_dir, "target-made text")
     index = index[:max_records] if max_records else index
     out_dir = Path(out_dir or features_dir(target_name or type(target).__name__))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -122,7 +123,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=EMBEDDED_TARGET)
     parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
-    parser.add_argument("--corpus", default=None, help="default: the repository's data/target_text")
+    parser.add_argument("--corpus", default=None, help="default: the training text in the cache (paths.corpus_dir())")
     parser.add_argument("--out", default=None, help="default: the cache folder for this target")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-records", type=int, default=None)

@@ -13,9 +13,9 @@ that the requests cover the evaluation's four tasks:
     translation    "Translate into <language>: <sentence>", the sentences being its short one-sentence
                    dialogue requests and sentences of those same replies
 
-The requests are stored in ``data/target_text/self_requests.jsonl`` (appended to, so a run resumes); the corpus
-answers the prompts made from them, ids ``self-<family>-<hash>``, and the summarization and translation prompts
-grow as the replies they are made from are stored:
+The requests are stored in ``self_requests.jsonl`` beside the corpus (``paths.corpus_dir()``; appended to, so a run
+resumes); the corpus answers the prompts made from them, ids ``self-<family>-<hash>``, and the summarization and
+translation prompts grow as the replies they are made from are stored:
 
     python -m specdec_lite.train.self_prompts --requests 2560          # try 2,560 rows in all (resumable)
     python -m specdec_lite.train.corpus --self-made --dtype bfloat16 --batch-size 64 --max-new-tokens 128
@@ -165,7 +165,7 @@ def main(argv=None):
     parser.add_argument("--requests", type=int, required=True, help="request rows to have tried in all")
     parser.add_argument("--dtype", default="bfloat16", help=DTYPE_HELP)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--out", default=None, help="default: the repository's data/target_text")
+    parser.add_argument("--out", default=None, help="default: the training text in the cache (paths.corpus_dir())")
     args = parser.parse_args(argv)
     model, tokenizer = load_model(EMBEDDED_TARGET, dtype=args.dtype, batch_invariant=False)
     added = generate_requests(model, tokenizer, args.requests, args.out, args.batch_size)

@@ -15,12 +15,12 @@ labels. So this module stores what is installed on the machine, tokenized with t
 Files that are huge, binary or machine-generated are skipped (``sources.read_text``) and repeated texts stored
 once. Documents come in an order drawn with ``--seed``; each kind takes its share of the budget (``SHARES``) and
 no package more than ``--package-share`` of that share, so many packages have their say. Documents are cut into
-chunks of ``--chunk`` tokens:
+chunks of ``--chunk`` tokens, stored in the cache (``paths.teacher_dir()``; the shipped text is restored there
+by ``python -m specdec_lite.train.restore``):
 
-    data/teacher_text/tokens.bin    uint16 token ids, chunks back to back
-    data/teacher_text/index.jsonl   one line per chunk: kind, package, version, path (relative to the package's
-                                    root), sha1 (of the document), chunk (its number in the document), offset (in
-                                    tokens.bin) and length
+    tokens.bin    uint16 token ids, chunks back to back
+    index.jsonl   one line per chunk: kind, package, version, path (relative to the package's root), sha1 (of
+                  the document), chunk (its number in the document), offset (in tokens.bin) and length
 
     python -m specdec_lite.train.teacher --budget 4000000    # resumes: stored documents are skipped
 
@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import paths
 from . import sources
+from .restore import missing_text
 
 SHARES = {"code": 0.55, "docs": 0.3, "translation": 0.15}  # of 4M: what the docs on this machine allow
 MIN_CHARS = 200
@@ -105,8 +106,18 @@ def documents(kind: str, tokenizer, seed: int = 0):
     return code_documents(seed) if kind == "code" else doc_documents(seed)
 
 
+def teacher_folder(out_dir: Path | None = None) -> Path:
+    """``out_dir``, or the teacher text in the cache, which must then be there (``train.restore`` writes it)."""
+    if out_dir is not None:
+        return Path(out_dir)
+    if not (teacher_dir() / "index.jsonl").exists():
+        raise missing_text(teacher_dir(), "teacher text")
+    return teacher_dir()
+
+
 def load_index(out_dir: Path | None = None) -> list[dict]:
-    path = Path(out_dir or teacher_dir()) / "index.jsonl"
+    """The stored chunks' index entries (none in a new folder)."""
+    path = teacher_folder(out_dir) / "index.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -114,7 +125,7 @@ def load_index(out_dir: Path | None = None) -> list[dict]:
 
 def load_chunks(out_dir: Path | None = None) -> list[tuple[dict, np.ndarray]]:
     """[(index entry, token ids)] for every stored chunk."""
-    out_dir = Path(out_dir or teacher_dir())
+    out_dir = teacher_folder(out_dir)
     if not (out_dir / "tokens.bin").exists():
         return []
     tokens = np.fromfile(out_dir / "tokens.bin", dtype=np.uint16)
@@ -183,7 +194,7 @@ def main(argv=None):
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=EMBEDDED_TARGET, help="whose tokenizer (default: the embedded target)")
-    parser.add_argument("--out", default=None, help="default: the repository's data/teacher_text")
+    parser.add_argument("--out", default=None, help="default: the teacher text in the cache (paths.teacher_dir())")
     parser.add_argument("--budget", type=int, default=4_000_000, help="tokens the store should hold in all")
     parser.add_argument("--chunk", type=int, default=1024, help="tokens a chunk")
     parser.add_argument("--package-share", type=float, default=0.05, help="most of a kind's share one package may fill")
