@@ -71,7 +71,7 @@ class CheckedLM(HFCausalLM):
 
     def crop(self, lengths):
         super().crop(lengths)
-        self.history = self.history[:, : int(lengths.max())]
+        self.history = self.history[:, : max(lengths)]
         assert self.cache_seq_length() == self.length == self.history.shape[1]
 
 

@@ -208,17 +208,6 @@ def test_tree_requests_are_checked():
                                 sampling=sd.SamplingParams(repetition_penalty=1.2))
 
 
-def test_a_static_cache_target_is_refused_before_any_work(tiny_pair):
-    target = tiny_llama(vocab=48, layers=1, seed=6)
-    sd.core.lm.use_static_cache(target, max_length=64)
-    calls = []
-    drafter = LookupTreeDraft()
-    drafter.propose_tree = lambda *a: calls.append(a)  # must never be reached
-    with pytest.raises(NotImplementedError, match="dynamic cache"):
-        sd.speculative_generate(target, drafter, _repetitive_prompt(), gamma=2, max_new_tokens=4)
-    assert not calls
-
-
 # ---------------------------------------------------------------- T = 1 through a Hugging Face tree forward
 class NodesSeeAllNodesLM(sd.HFCausalLM):
     """A deliberately wrong tree forward: the mask among the draft nodes is left open, so every node also sees its

@@ -7,6 +7,7 @@
   drafter     the drafter protocol (begin / propose / observe / rollback) and the independent draft model
   tokenizers  refusing a draft whose tokenizer differs from the target's
   decode      the loop, top to bottom, and the autoregressive baseline
+  host_reads  counting the reads of tensor values into Python (each one a wait on a GPU)
   models      loading a model by package name, Hugging Face id or local path; the "auto" dtype
   batch_invariance  batch-invariant layers (bfloat16 on the CPU keeps greedy identity)
   timing      wall-clock costs on this machine: a forward over n new tokens, v(n)

@@ -8,6 +8,12 @@ One round, as in Leviathan et al. 2023 (Algorithm 1):
   rollback-> both caches keep only what was emitted, minus the newest token, which is fed next round
 There is no separate prefill: in the first round the "newest token" is the whole prompt, so the prompt is
 processed in the same forward that verifies the first drafts (as transformers' generate does).
+
+Host reads: on a GPU every value read into Python waits for the device. A round reads what it decided once,
+together (a chain round: the accepted counts and the EOS flags; plus the verifier's check of the distributions it
+samples at T > 0), and keeps every length on the host as well, so that crops, statistics and the loop's end need
+no other read; a plain step reads at most one flag (an EOS, or at T > 0 a row that cannot be sampled); a tree
+round brings what its walk needs to the host in one transfer (``tree.py``). ``core.host_reads`` counts them.
 """
 from __future__ import annotations
 
@@ -18,9 +24,10 @@ from typing import Callable
 import torch
 
 from .drafter import Drafter, as_drafter
-from .lm import as_language_model, feed_unseen, tokenizer_of
+from .lm import as_language_model, cached_lengths, crop_to, feed_unseen, tokenizer_of
 from .tokenizers import check_tokenizers
-from .sampling import SamplingParams, greedy_tokens, probs_from_logits, sample, seen_mask
+from .sampling import (SamplingParams, greedy_tokens, has_weight, probs_from_logits, refuse_without_weight, sample,
+                       seen_mask)
 from .tree import (attention_mask, compact_indices, positions, tree_outcome_distribution, verify_tree,
                    verify_tree_greedy)
 from .verify import outcome_distribution, verify, verify_greedy
@@ -196,8 +203,6 @@ def check_tree_request(input_ids, target_lm, sampling: SamplingParams) -> None:
         raise NotImplementedError("token trees do not support repetition_penalty; use a chain draft or penalty 1.0")
     if not hasattr(target_lm, "feed_tree"):
         raise TypeError(f"{type(target_lm).__name__} cannot score a token tree (no feed_tree)")
-    if hasattr(target_lm, "check_tree_support"):
-        target_lm.check_tree_support()
 
 
 def end_tokens(target, eos_token_id=None, ignore_eos: bool = False) -> list[int]:
@@ -214,28 +219,36 @@ def end_tokens(target, eos_token_id=None, ignore_eos: bool = False) -> list[int]
     if eos_token_id is None:
         model = target if isinstance(target, torch.nn.Module) else getattr(target, "model", None)
         eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    return [] if eos_token_id is None else [int(e) for e in torch.as_tensor(eos_token_id).reshape(-1)]
+    if eos_token_id is None:
+        return []
+    ids = eos_token_id.tolist() if torch.is_tensor(eos_token_id) else eos_token_id
+    return [int(e) for e in (ids if isinstance(ids, (list, tuple)) else [ids])]
 
 
 # ---------------------------------------------------------------- the token buffer
 @dataclass
 class Decoding:
-    """The state both loops share: the token buffer, each row's length, and how the run ends."""
+    """The state both loops share: the token buffer, each row's length, and how the run ends.
+
+    Lengths and stop flags are kept twice: on the buffer's device (``lengths``, ``finished``), where a round's
+    indexing uses them, and on the host (``sizes``, ``stopped``), where the bookkeeping reads them (crops,
+    statistics, the loop's end). A round moves the device copies with ``grow`` and the host ones with ``settle``,
+    from what it read once."""
 
     seq: torch.Tensor  # (B, T + room) prompt, then the tokens emitted (and scratch past each row's length)
-    lengths: torch.Tensor  # (B,) tokens in each row so far
+    lengths: torch.Tensor  # (B,) tokens in each row so far, on seq's device
     prompt_len: int
     max_new_tokens: int
     eos: list  # token ids that end a row
-    finished: torch.Tensor = field(init=False)  # (B,) rows that are done (``done()``), kept with the lengths
+    sizes: list = field(init=False)  # the lengths, as Python ints
+    stopped: list = field(init=False)  # (B,) rows that are done, as Python bools
+    finished: torch.Tensor = field(init=False)  # the same flags, on seq's device
 
     def __post_init__(self):
-        self.finished = self.done()
-
-    def advance(self, lengths: torch.Tensor) -> None:
-        """The rows' new lengths after a round, and which rows that finishes."""
-        self.lengths = lengths
-        self.finished = self.done()
+        B, device = self.seq.shape[0], self.seq.device
+        self.sizes, self.stopped = [self.prompt_len] * B, [False] * B
+        self.finished = torch.zeros(B, dtype=torch.bool, device=device)
+        self.eos_ids = torch.tensor(self.eos, dtype=torch.long, device=device) if self.eos else None
 
     @classmethod
     def start(cls, input_ids, max_new_tokens: int, room: int, eos: list) -> "Decoding":
@@ -247,26 +260,44 @@ class Decoding:
         seq[:, :T] = input_ids
         return cls(seq, torch.full((B,), T, dtype=torch.long, device=input_ids.device), T, max_new_tokens, eos)
 
-    def done(self) -> torch.Tensor:
-        """(B,) rows that reached max_new_tokens or emitted an EOS."""
-        done = self.lengths - self.prompt_len >= self.max_new_tokens
-        if self.eos:
-            produced = torch.arange(self.seq.shape[1], device=self.seq.device)[None, :]
-            new = (produced >= self.prompt_len) & (produced < self.lengths[:, None])
-            done |= (torch.isin(self.seq, torch.tensor(self.eos, device=self.seq.device)) & new).any(1)
-        return done
+    @property
+    def done(self) -> bool:
+        return all(self.stopped)
+
+    def grow(self, counts: torch.Tensor, width: int) -> torch.Tensor | None:
+        """On the device: rows still running take the ``counts[b]`` tokens (at most ``width``) just written at
+        their ends. Returns which rows emitted an end-of-sequence token among them ((B,) bool, still on the
+        device), or None when no token ends a row."""
+        start, running = self.lengths, ~self.finished
+        # no row has stopped (known on the host): every row grows, no mask needed
+        self.lengths = start + counts if not any(self.stopped) else torch.where(running, start + counts, start)
+        hit = None
+        if self.eos_ids is not None:
+            offsets = torch.arange(width, device=self.seq.device)
+            new = self.seq.gather(1, start[:, None] + offsets)
+            hit = (torch.isin(new, self.eos_ids) & (offsets < counts[:, None])).any(1) & running
+            self.finished = self.finished | hit
+        self.finished = self.finished | (self.lengths - self.prompt_len >= self.max_new_tokens)
+        return hit
+
+    def settle(self, counts: list[int], hit: list | None) -> list[int]:
+        """On the host, from what the round read: the rows still running grow by ``counts[b]`` and stop at
+        max_new_tokens or where ``hit[b]`` (an EOS; None: none). Returns the rows that were running."""
+        running = [b for b, stopped in enumerate(self.stopped) if not stopped]
+        for b in running:
+            self.sizes[b] += counts[b]
+            self.stopped[b] = self.sizes[b] - self.prompt_len >= self.max_new_tokens or bool(hit and hit[b])
+        return running
 
     def emitted(self) -> list:
         """Each row's new tokens so far, cut at max_new_tokens and just after its first EOS (nothing after EOS is
-        emitted)."""
+        emitted); the buffer is read once."""
+        rows = self.seq[:, self.prompt_len: self.prompt_len + self.max_new_tokens].tolist()
         out = []
-        for b in range(self.seq.shape[0]):
-            new = self.seq[b, self.prompt_len: min(int(self.lengths[b]), self.prompt_len + self.max_new_tokens)]
-            for e in self.eos:
-                hits = (new == e).nonzero()
-                if len(hits):
-                    new = new[: int(hits[0]) + 1]
-            out.append(new.cpu())
+        for row, size in zip(rows, self.sizes):
+            new = row[: size - self.prompt_len]
+            end = next((i + 1 for i, token in enumerate(new) if token in self.eos), len(new))
+            out.append(torch.tensor(new[:end], dtype=torch.long))
         return out
 
     def finish(self, stats: GenerationStats, clock: Clock, start: float) -> Generation:
@@ -275,6 +306,16 @@ class Decoding:
         stats.new_tokens = sum(len(s) for s in out)
         stats.total_seconds = clock.total(start)
         return Generation(out, stats)
+
+
+def read_together(*values: torch.Tensor | None) -> list:
+    """The one host read of a round: (B,) tensors (None: skipped) stacked and copied together; each comes back
+    as a list of ints, None where it was None."""
+    given = [v for v in values if v is not None]
+    if not given:
+        return [None] * len(values)
+    read = iter(torch.stack([v.long() for v in given]).tolist())
+    return [None if v is None else next(read) for v in values]
 
 
 def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch.Tensor:
@@ -317,7 +358,7 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
     target_lm.reset(input_ids.shape[0])
     drafter.begin(input_ids)
-    while not bool(run.finished.all()):
+    while not run.done:
         one_round(target_lm, drafter, run, gamma, sampling, generator, stats, clock, verifier)
         if on_round is not None:
             on_round(run.emitted())
@@ -325,8 +366,9 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
 
 
 def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, generator, stats, clock, verifier):
-    """One round with a chain of drafts, for every row (rows already finished do not advance)."""
-    seq, lengths, active = run.seq, run.lengths, ~run.finished
+    """One round with a chain of drafts, for every row (rows already finished do not advance). Reads the accepted
+    counts and the EOS flags once, together (and the verifier its check at T > 0)."""
+    seq, lengths = run.seq, run.lengths
     # 1) draft: k <= gamma tokens and the q they were drawn from
     t0 = clock.now()
     drafts, q = drafter.propose(seq, lengths, gamma, sampling, generator)  # (B, k), (B, k, V) | None
@@ -335,11 +377,11 @@ def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gen
     # 2) target: one forward over the newest token and the drafts -> logits at k+1 positions
     k = drafts.shape[1]
     if drafter.uses_target_features:  # the draft reads the target's hidden states of this forward
-        logits, hidden, first = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1,
+        logits, hidden, first = feed_unseen(target_lm, seq, run.sizes, drafts, num_logits=k + 1,
                                             hidden_layers=drafter.feature_layers)
         drafter.observe(hidden, first)
     else:
-        logits = feed_unseen(target_lm, seq, lengths, drafts, num_logits=k + 1)  # (B, k+1, V)
+        logits = feed_unseen(target_lm, seq, run.sizes, drafts, num_logits=k + 1)  # (B, k+1, V)
     seen = seen_mask(seq, lengths, drafts, target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
 
     # 3) verify: n accepted drafts, then the corrected or bonus token
@@ -348,29 +390,32 @@ def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gen
     else:
         n, next_token = verifier.chain(drafts, q, probs_from_logits(logits, sampling, seen), generator)
 
-    # 4) emit x_1..x_n, next_token
+    # 4) emit x_1..x_n, next_token; read what the round decided, once
     emitted = torch.cat([drafts, next_token[:, None]], dim=1)
     emitted[torch.arange(len(n), device=seq.device), n] = next_token
     seq.scatter_(1, lengths[:, None] + torch.arange(k + 1, device=seq.device)[None, :], emitted)
-    run.advance(torch.where(active, lengths + n + 1, lengths))
+    n_read, hit = read_together(n, run.grow(n + 1, k + 1))
+    running = run.settle([accepted + 1 for accepted in n_read], hit)
 
     # 5) rollback: caches keep everything but the newest token
-    target_lm.crop(run.lengths - 1)
-    drafter.rollback(run.lengths - 1)
-    stats.record(n[active].tolist(), [k] * int(active.sum()), t1 - t0, clock.now() - t1)
+    kept = [size - 1 for size in run.sizes]
+    crop_to(target_lm, kept)
+    drafter.rollback(kept)
+    stats.record([n_read[b] for b in running], [k] * len(running), t1 - t0, clock.now() - t1)
 
 
 def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, generator, stats, clock, verifier):
     """One round with a token tree (batch 1): propose a tree of depth <= gamma, score every node in one forward,
-    walk down the accepted path, keep only its cache entries."""
-    seq, L = run.seq, int(run.lengths[0])
+    walk down the accepted path, keep only its cache entries. The walk reads once (``tree.py``); the emitted
+    tokens are then known on the host."""
+    seq, L = run.seq, run.sizes[0]
     # 1) draft: a tree whose root is the newest token seq[L-1]
     t0 = clock.now()
     tree = drafter.propose_tree(seq, run.lengths, gamma, sampling, generator)
     t1 = clock.now()
 
     # 2) target: the tokens the cache has not seen (the root last), then the nodes, under the tree mask
-    cached = int(target_lm.cache_lengths()[0])
+    cached = cached_lengths(target_lm)[0]
     prefix = L - cached
     tokens = torch.cat([seq[:, cached:L], tree.tokens[1:].to(seq.device)[None]], dim=1)
     dtype = getattr(getattr(target_lm, "model", None), "dtype", torch.float32)
@@ -388,18 +433,19 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     else:
         path, next_token = verifier.tree(tree, probs_from_logits(node_logits, sampling), generator)
 
-    # 4) emit the path's tokens, then next_token
-    emitted = torch.tensor([int(tree.tokens[i]) for i in path] + [next_token], device=seq.device)
-    seq[0, L: L + len(emitted)] = emitted
-    run.advance(run.lengths + len(emitted))
+    # 4) emit the path's tokens, then next_token (known on the host: nothing to read)
+    emitted = [tree.token_list[i] for i in path] + [next_token]
+    seq[0, L: L + len(emitted)] = torch.tensor(emitted, device=seq.device)
+    run.grow(run.lengths.new_full((1,), len(emitted)), len(emitted))
+    run.settle([len(emitted)], [any(token in run.eos for token in emitted)])
 
     # 5) keep only the root's and the path's cache entries; the drafter sees the same
     target_lm.compact(verifier.keep(path, L - 1))
     if drafter.uses_target_features:
         rows = torch.tensor(list(range(prefix)) + [prefix - 1 + i for i in path], device=hidden.device)
         drafter.observe(hidden[:, rows], cached)
-    drafter.rollback(run.lengths - 1)
-    stats.record([len(path)], [tree.size - 1], t1 - t0, clock.now() - t1, depth=int(tree.depths().max()))
+    drafter.rollback([run.sizes[0] - 1])
+    stats.record([len(path)], [tree.size - 1], t1 - t0, clock.now() - t1, depth=max(tree.depth_list()))
 
 
 def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
@@ -421,19 +467,28 @@ def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
     target_lm.reset(run.seq.shape[0])
     rows = torch.arange(run.seq.shape[0], device=run.seq.device)
-    while not bool(run.finished.all()):
+    ones = torch.ones_like(rows)
+    penalty = sampling.repetition_penalty != 1
+    while not run.done:
         t0 = clock.now()
-        seq, lengths, done = run.seq, run.lengths, run.finished
-        logits = feed_unseen(target_lm, seq, lengths, num_logits=1)  # (B, 1, V); the prompt in the first step
-        seen = seen_mask(seq, lengths, seq[:, :0], target_lm.vocab_size) if sampling.repetition_penalty != 1 else None
+        seq, lengths = run.seq, run.lengths
+        logits = feed_unseen(target_lm, seq, run.sizes, num_logits=1)  # (B, 1, V); the prompt in the first step
+        seen = seen_mask(seq, lengths, seq[:, :0], target_lm.vocab_size) if penalty else None
+        valid = None  # at T > 0, which rows could be sampled: read with the EOS flags, once
         if sampling.greedy:
             next_token = greedy_choice(logits, sampling, seen)[:, -1]
         else:
-            next_token = sample(probs_from_logits(logits[:, -1], sampling, None if seen is None else seen[:, -1]),
-                                generator)
-        seq[rows, lengths] = torch.where(done, seq[rows, lengths], next_token)
-        run.advance(torch.where(done, lengths, lengths + 1))
-        target_lm.crop(run.lengths - 1)  # finished rows forget the token they were fed
+            probs = probs_from_logits(logits[:, -1], sampling, None if seen is None else seen[:, -1])
+            next_token, valid = sample(probs, generator, check=False), has_weight(probs)
+        if not any(run.stopped):  # until a row stops, every row is as long as the first: one slice
+            seq[:, run.sizes[0]] = next_token
+        else:
+            seq[rows, lengths] = torch.where(run.finished, seq[rows, lengths], next_token)
+        hit, valid = read_together(run.grow(ones, 1), valid)
+        if valid is not None:
+            refuse_without_weight(valid)
+        run.settle([1] * len(rows), hit)
+        crop_to(target_lm, [size - 1 for size in run.sizes])  # finished rows forget the token they were fed
         stats.record([], [], 0.0, clock.now() - t0)
         if on_round is not None:
             on_round(run.emitted())

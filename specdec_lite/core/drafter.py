@@ -5,7 +5,10 @@
 point-mass drafts; ``rollback(kept)`` tells the drafter that row b's context is now ``seq[b, :kept[b] + 1]`` and
 that its cache may keep at most the first ``kept[b]`` tokens (the newest token has not been fed to anyone).
 
-``seq`` (B, T) is the loop's token buffer; row b is valid up to ``lengths[b]``.
+``seq`` (B, T) is the loop's token buffer; row b is valid up to ``lengths[b]`` ((B,), on seq's device). ``kept``
+is a list of Python ints: the loop knows its lengths on the host, and a drafter that needs its context's length
+as a number takes it from ``begin`` and ``rollback`` rather than reading ``lengths`` (on a GPU a read waits for the
+device).
 
 Feature-level drafts (``drafts/heads.py``) set ``uses_target_features``; the loop then also calls
 ``observe(hidden, first_position)`` after each target forward with the target's hidden states at the drafter's
@@ -19,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from .lm import as_language_model, feed_unseen, is_language_model
+from .lm import as_language_model, cached_lengths, crop_to, feed_unseen, is_language_model
 from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
 
 
@@ -40,7 +43,7 @@ class Drafter:
     def propose(self, seq, lengths, gamma, sampling, generator):
         return seq.new_zeros(seq.shape[0], 0), None
 
-    def rollback(self, kept: torch.Tensor) -> None:
+    def rollback(self, kept: list[int]) -> None:
         pass
 
     def at(self, sampling: SamplingParams) -> "Drafter":
@@ -100,26 +103,29 @@ def draw(logits, seq, lengths, drafted: list, sampling: SamplingParams, generato
         so_far = torch.stack(drafted, 1) if drafted else seq.new_zeros(seq.shape[0], 0)
         seen = seen_mask(seq, lengths, so_far, logits.shape[-1])[:, -1]
     q = probs_from_logits(logits, sampling, seen)
-    # greedy q is one-hot: its argmax is the draw, without a multinomial over the whole vocabulary
-    return (q.argmax(-1) if sampling.greedy else sample(q, generator)), q
+    # greedy q is one-hot: its argmax is the draw, without a multinomial over the whole vocabulary; a drawn q is
+    # checked by the verifier, with the round's read (``verify``)
+    return (q.argmax(-1) if sampling.greedy else sample(q, generator, check=False)), q
 
 
 class ModelDraft(Drafter):
-    """An independent draft model with its own KV cache: samples gamma tokens autoregressively from q."""
+    """An independent draft model with its own KV cache: samples gamma tokens autoregressively from q. Its
+    context's length is what ``begin`` and ``rollback`` say, kept in Python ints."""
 
     def __init__(self, model, adaptive: LengthPolicy | None = None):
         self.lm = as_language_model(model, role="draft")
         self.vocab_size = self.lm.vocab_size
         self.adaptive = adaptive  # when to stop drafting within a round (None: always gamma tokens)
-        self._proposed, self._start = 0, None
+        self._proposed, self._start, self._context = 0, None, []
 
     def begin(self, input_ids: torch.Tensor) -> None:
         self.lm.reset(input_ids.shape[0])
+        self._context = [input_ids.shape[1]] * input_ids.shape[0]
 
     def propose(self, seq, lengths, gamma, sampling: SamplingParams, generator):
         # catch up on what the cache has not seen: the prompt in the first round (the prefill), then 1 token
         # after a rejection or 2 after a full acceptance
-        logits = feed_unseen(self.lm, seq, lengths, num_logits=1)[:, -1]  # (B, V)
+        logits = feed_unseen(self.lm, seq, self._context, num_logits=1)[:, -1]  # (B, V)
         tokens, qs = [], []
         for i in range(gamma):
             if stops_here(self.adaptive, logits, sampling):
@@ -129,17 +135,16 @@ class ModelDraft(Drafter):
             qs.append(q_i)
             if i < gamma - 1:
                 logits = self.lm.feed(x_i[:, None])[:, -1]
-        self._proposed, self._start = len(tokens), lengths.clone()
+        self._proposed, self._start = len(tokens), list(self._context)
         if not tokens:
             return seq.new_zeros(seq.shape[0], 0), None
         return torch.stack(tokens, 1), torch.stack(qs, 1)
 
-    def rollback(self, kept: torch.Tensor) -> None:
+    def rollback(self, kept: list[int]) -> None:
         if self.adaptive is not None and self._start is not None:
-            accepted = int((kept.to(self._start.device) - self._start).min())
-            self.adaptive.update(self._proposed, accepted)
-        have = self.lm.cache_lengths()
-        self.lm.crop(torch.minimum(have, kept.to(have.device)))
+            self.adaptive.update(self._proposed, min(k - start for k, start in zip(kept, self._start)))
+        crop_to(self.lm, [min(have, k) for have, k in zip(cached_lengths(self.lm), kept)])
+        self._context = [k + 1 for k in kept]
 
 
 def as_drafter(draft, target=None) -> Drafter:

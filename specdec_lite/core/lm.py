@@ -9,6 +9,10 @@ same loop:
 - ``crop(lengths)``: roll the cache back so row b keeps its first ``lengths[b]`` tokens;
 - ``cache_lengths()``: (B,) tokens each row's cache holds.
 
+The loop knows every length on the host (``decode.Decoding``), so it rolls caches back with ``crop_to`` and reads
+their lengths with ``cached_lengths``, both in Python ints: the Hugging Face wrapper keeps its length as an int
+and takes a list of ints, so a round's bookkeeping reads nothing from the device (a GPU would wait for each read).
+
 ``vocab_size`` is the width of the logits the wrapper returns (the aligned vocabulary), ``max_length`` the
 context the model supports (None: unbounded).
 
@@ -72,6 +76,7 @@ class StaticState:
 
 
 EAGER_ABOVE = 16  # feeds of more tokens (the prompt) run eagerly; shorter ones (decode, verify) use the compiled forward
+TREE_ROWS = (16, 64)  # compiled tree forwards are padded to one of these row counts, so that their shapes stay few
 
 
 def use_static_cache(model: torch.nn.Module, max_length: int = 2048, compile: bool = False) -> torch.nn.Module:
@@ -166,6 +171,7 @@ class HFCausalLM:
                              "cannot be rolled back exactly")
         self.length = 0
         self.batch_size = batch_size
+        self.input_device = self.device  # where logits go back to, looked up once per generation
 
     def _static_cache(self, batch_size: int) -> StaticCache:
         key = (self.role, batch_size)
@@ -176,9 +182,16 @@ class HFCausalLM:
             cache.crop(-int(cache.get_seq_length()))
         return cache
 
-    def _forward(self, n_tokens: int):
+    def compiles(self) -> bool:
+        """Whether the next forward may run compiled: on a static cache given ``compile=True``, after the first
+        forward of a generation (the prompt's, whose length varies, runs eagerly)."""
+        return self.static is not None and self.static.compile and self.length > 0
+
+    def _forward(self, n_tokens: int, tree_budget: bool = False):
+        """The compiled forward for short feeds (decode, verification) and trees padded to a ``TREE_ROWS``
+        budget, where ``compiles``; else the model itself."""
         state = self.static
-        if state is None or not state.compile or n_tokens > EAGER_ABOVE:
+        if not self.compiles() or (n_tokens > EAGER_ABOVE and not tree_budget):
             return self.model
         if state.forward is None:
             mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs on GPUs
@@ -190,54 +203,89 @@ class HFCausalLM:
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, num_logits: int | None = None, hidden_layers: tuple | None = None):
         forward = self._forward(tokens.shape[1])
+        if forward is not self.model:  # a slice of the token buffer keeps its strides: a new graph for each width
+            tokens = tokens.clone(memory_format=torch.contiguous_format)
         out = forward(input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
                       output_hidden_states=hidden_layers is not None, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
         # logits come back where the last layer sits; a model split over devices returns them to the input's
         compiled = forward is not self.model  # a CUDA-graph replay reuses its output memory: keep copies
-        logits = out.logits[..., : self.vocab_size].to(self.device, copy=compiled)
+        logits = out.logits[..., : self.vocab_size].to(self.input_device, copy=compiled)
         if hidden_layers is None:
             return logits
-        return logits, selected_hidden(out.hidden_states, hidden_layers).to(self.device, copy=compiled)
-
-    def check_tree_support(self) -> None:
-        """Token trees need the dynamic cache (a static cache's mask spans its preallocated length)."""
-        if self.static is not None:
-            raise NotImplementedError("token trees run with the dynamic cache; call use_dynamic_cache(model) or "
-                                      "load the model with cache='dynamic'")
+        return logits, selected_hidden(out.hidden_states, hidden_layers).to(self.input_device, copy=compiled)
 
     @torch.inference_mode()
     def feed_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
                   hidden_layers: tuple | None = None):
-        """Feed tokens (1, F) with a 4-D additive attention ``mask`` and explicit ``position_ids`` (a token tree,
-        ``tree.py``); logits (1, F, V) of every fed token (and their hidden states at ``hidden_layers``)."""
-        self.check_tree_support()
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                         output_hidden_states=hidden_layers is not None, **{self._cache_kwarg: self.cache})
-        self.length += tokens.shape[1]
-        logits = out.logits[..., : self.vocab_size].to(self.device)
+        """Feed tokens (1, F) with a 4-D additive attention ``mask`` (1, 1, F, cached + F) and explicit
+        ``position_ids`` (a token tree, ``tree.py``); logits (1, F, V) of every fed token (and their hidden states
+        at ``hidden_layers``). On the static cache the mask is widened to the preallocated length and, when
+        compiled, the rows are padded to a ``TREE_ROWS`` budget (``static_tree_inputs``); the padding's cache
+        entries are dropped at once."""
+        F = tokens.shape[1]
+        if self.static is not None:
+            tokens, mask, position_ids = self.static_tree_inputs(tokens, mask, position_ids)
+        forward = self._forward(tokens.shape[1], tree_budget=tokens.shape[1] in TREE_ROWS)
+        out = forward(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                      output_hidden_states=hidden_layers is not None, **{self._cache_kwarg: self.cache})
+        if tokens.shape[1] > F:
+            self.cache.crop(F - tokens.shape[1])  # the padding rows' entries
+        self.length += F
+        compiled = forward is not self.model  # a CUDA-graph replay reuses its output memory: keep copies
+        logits = out.logits[:, :F, : self.vocab_size].to(self.input_device, copy=compiled)
         if hidden_layers is None:
             return logits
-        return logits, selected_hidden(out.hidden_states, hidden_layers).to(self.device)
+        hidden = selected_hidden(out.hidden_states, hidden_layers)[:, :F]
+        return logits, hidden.to(self.input_device, copy=compiled)
+
+    def tree_rows(self, F: int) -> int:
+        """The rows a tree forward of ``F`` tokens runs with on the static cache: where it ``compiles``, the
+        smallest ``TREE_ROWS`` budget that holds them and fits the cache (larger trees run as they are, eagerly);
+        else F."""
+        room = self.static.max_length - self.length
+        if F > room:
+            raise ValueError(f"a tree forward of {F} tokens after {self.length} does not fit {self.context_name}: "
+                             "preallocate more (use_static_cache(model, max_length=...)) or draft smaller trees")
+        budgets = [rows for rows in TREE_ROWS if F <= rows <= room] if self.compiles() else []
+        return budgets[0] if budgets else F
+
+    def static_tree_inputs(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor):
+        """(tokens, mask, positions) of a tree forward on the static cache: the mask spans the preallocated
+        length (the slots past the tree are masked out), and rows padded up to ``tree_rows`` repeat the last token
+        and position and see only their own slot."""
+        F, rows = tokens.shape[1], self.tree_rows(tokens.shape[1])
+        wide = mask.new_full((1, 1, rows, self.static.max_length), torch.finfo(mask.dtype).min)
+        wide[..., :F, : mask.shape[-1]] = mask
+        padding = torch.arange(F, rows, device=mask.device)
+        wide[0, 0, padding, self.length + padding] = 0.0
+        tokens = torch.cat([tokens, tokens[:, -1:].expand(1, rows - F)], dim=1)
+        position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(1, rows - F)], dim=1)
+        return tokens, wide, position_ids
 
     @torch.inference_mode()
     def compact(self, keep: torch.Tensor) -> None:
         """Keep only the cache slots ``keep`` (sorted, 1-D) from ``keep[0]`` on: they move to keep[0], keep[0]+1, ...
         and everything after them is dropped (after a tree forward: the root and the accepted path)."""
-        start, m = int(keep[0]), len(keep)
+        slots = keep.tolist()  # a host tensor (``tree.compact_indices``): no device read
+        start, m = slots[0], len(slots)
+        moved = {}  # the index on each device the cache's layers sit on, copied there once
         for layer in self.cache.layers:
-            layer.keys[:, :, start: start + m] = layer.keys[:, :, keep.to(layer.keys.device)]
-            layer.values[:, :, start: start + m] = layer.values[:, :, keep.to(layer.values.device)]
-        self.crop(torch.full((self.batch_size,), start + m, dtype=torch.long))
+            index = moved.setdefault(layer.keys.device, keep.to(layer.keys.device))
+            layer.keys[:, :, start: start + m] = layer.keys[:, :, index]
+            layer.values[:, :, start: start + m] = layer.values[:, :, index]
+        self.crop([start + m] * self.batch_size)
 
-    def crop(self, lengths: torch.Tensor) -> None:
-        target = int(lengths.max())
-        if target == self.length and int(lengths.min()) == target:
-            return
-        if int(lengths.min()) != target:
+    def crop(self, lengths) -> None:
+        """``lengths``: a list of ints (what the loop gives: nothing to read) or a (B,) tensor (read once)."""
+        sizes = lengths.tolist() if torch.is_tensor(lengths) else list(lengths)
+        target = max(sizes)
+        if min(sizes) != target:
             raise NotImplementedError(
                 "Hugging Face caches roll back all rows to one length; run real models with batch size 1 "
                 "(ragged batches are supported by the toy models only)")
+        if target == self.length:
+            return
         if target > self.length:
             raise ValueError(f"cannot roll a cache of {self.length} tokens forward to {target}")
         self.cache.crop(target - self.length)  # a negative count removes that many tokens (static: moves the length)
@@ -257,21 +305,44 @@ def gather_tail(seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tenso
     return seq.gather(1, idx)
 
 
-def feed_unseen(lm, seq: torch.Tensor, lengths: torch.Tensor, extra: torch.Tensor | None = None,
+def tail(seq: torch.Tensor, lengths: list[int], n: int) -> torch.Tensor:
+    """``gather_tail`` with the lengths as Python ints: a slice when the rows are equally long (always for real
+    models, which run at batch 1), else a gather."""
+    if min(lengths) == max(lengths):
+        return seq[:, lengths[0] - n: lengths[0]]
+    return gather_tail(seq, torch.tensor(lengths, device=seq.device), n)
+
+
+def cached_lengths(lm) -> list[int]:
+    """The tokens each row's cache holds, as Python ints: the Hugging Face wrapper's own count, else read from
+    ``cache_lengths()`` (the toy models, on the CPU)."""
+    if isinstance(lm, HFCausalLM):
+        return [lm.length] * lm.batch_size
+    return lm.cache_lengths().tolist()
+
+
+def crop_to(lm, lengths: list[int]) -> None:
+    """Roll ``lm``'s cache back to ``lengths`` (Python ints): handed as they are to the Hugging Face wrapper, as
+    a tensor to other protocol objects (the toy models)."""
+    lm.crop(lengths if isinstance(lm, HFCausalLM) else torch.tensor(lengths))
+
+
+def feed_unseen(lm, seq: torch.Tensor, lengths: list[int], extra: torch.Tensor | None = None,
                 num_logits: int | None = None, hidden_layers: tuple | None = None):
     """Feed the tokens of ``seq`` the cache has not seen yet (the whole prompt on the first call, then 1 or 2
     tokens), followed by ``extra`` (B, k); rows are cropped to a common count so that one forward serves all.
-    Returns the logits of the last ``num_logits`` fed positions; with ``hidden_layers``, (logits, those hidden
-    states of every fed position, position of the first fed token)."""
-    missing = int((lengths - lm.cache_lengths().to(lengths.device)).max())
-    lm.crop(lengths - missing)
-    tokens = gather_tail(seq, lengths, missing)
+    ``lengths``: each row's valid length, Python ints (nothing is read from the device). Returns the logits of the
+    last ``num_logits`` fed positions; with ``hidden_layers``, (logits, those hidden states of every fed position,
+    position of the first fed token)."""
+    missing = max(length - have for length, have in zip(lengths, cached_lengths(lm)))
+    crop_to(lm, [length - missing for length in lengths])
+    tokens = tail(seq, lengths, missing)
     if extra is not None:
         tokens = torch.cat([tokens, extra], dim=1)
     if hidden_layers is None:
         return lm.feed(tokens, num_logits=num_logits)
     logits, hidden = lm.feed(tokens, num_logits=num_logits, hidden_layers=hidden_layers)
-    return logits, hidden, int(lengths.max()) - missing
+    return logits, hidden, max(lengths) - missing
 
 
 def is_language_model(obj) -> bool:

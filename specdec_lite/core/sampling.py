@@ -101,19 +101,37 @@ def probs_from_logits(logits: torch.Tensor, sampling: SamplingParams, seen: torc
     return logits.softmax(-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def has_weight(probs: torch.Tensor) -> torch.Tensor:
+    """(...) bool, where it stays: which rows of probs (..., V) can be sampled (a finite, positive total)."""
+    totals = probs.double().sum(-1)
+    return (totals > 0) & torch.isfinite(totals)
+
+
+def refuse_without_weight(ok) -> None:
+    """Raise unless every entry of ``ok`` is True: a ``has_weight`` tensor (one read of one flag) or a list of
+    flags already read."""
+    if not (bool(ok.all()) if torch.is_tensor(ok) else all(ok)):
+        raise ValueError("cannot sample: a row of probabilities sums to 0 or is not finite (check the logits for "
+                         "NaN, or a filter such as top_k/top_p that removed every token)")
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, check: bool = True) -> torch.Tensor:
     """One draw per row from probs (..., V) (weights >= 0, each row's sum > 0; need not sum to 1) -> (...) long.
 
     Inverse transform sampling in float64: the first token whose cumulative weight exceeds a uniform draw times
     the row's total; a token of weight 0 is never drawn. One uniform a row: over a 49k vocabulary on a 2-core CPU
-    about 0.06 ms a row, where ``torch.multinomial`` takes about 1 ms."""
+    about 0.06 ms a row, where ``torch.multinomial`` takes about 1 ms.
+
+    ``check`` refuses rows without weight, which reads one flag (on a GPU, a wait for the device). The loop's
+    draft draws skip it and check their q with the round's own read (``verify``); unchecked, a row without weight
+    gives some token of the vocabulary."""
     flat = probs.reshape(-1, probs.shape[-1]).double()
     cumulative = flat.cumsum(-1)
     totals = cumulative[:, -1:]
-    if not bool((totals > 0).all()) or not bool(torch.isfinite(totals).all()):
-        raise ValueError("cannot sample: a row of probabilities sums to 0 or is not finite (check the logits for "
-                         "NaN, or a filter such as top_k/top_p that removed every token)")
+    if check:
+        refuse_without_weight(has_weight(flat))
     # u < 1, and a product with a number below 1 never rounds up to the other factor: u < total, so the draw is
     # never past the last token of positive weight
     u = torch.rand(flat.shape[0], 1, generator=generator, device=flat.device, dtype=torch.float64) * totals
-    return torch.searchsorted(cumulative, u, right=True).reshape(probs.shape[:-1])
+    token = torch.searchsorted(cumulative, u, right=True).clamp_(max=flat.shape[-1] - 1)
+    return token.reshape(probs.shape[:-1])

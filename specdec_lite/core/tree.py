@@ -40,34 +40,49 @@ class Tree:
 
     def __post_init__(self):
         n = len(self.tokens)
-        if self.parents.shape != (n,) or int(self.parents[0]) != -1:
+        if self.parents.shape != (n,):
             raise ValueError("parents must be (n,) with parents[0] = -1 (node 0 is the root)")
-        if n > 1 and bool((self.parents[1:] >= torch.arange(1, n)).any()):
-            raise ValueError("every node's parent must come before it (parents[i] < i)")
         if self.drawn is None:
             self.drawn = torch.zeros(n, dtype=torch.bool)
-        if bool(self.drawn.any()) and self.q is None:
+        # the structure as Python lists, read once (a tree is built on the host): the walks, the mask and the
+        # positions run on these, so verifying a tree reads from the device only what the target computed
+        device = self.tokens.device
+        self.token_list, self.parent_list, drawn = torch.stack(
+            [self.tokens, self.parents.to(device), self.drawn.to(device).long()]).tolist()
+        self.drawn_list = [bool(d) for d in drawn]
+        if self.parent_list[0] != -1:
+            raise ValueError("parents must be (n,) with parents[0] = -1 (node 0 is the root)")
+        if any(parent >= i for i, parent in enumerate(self.parent_list) if i):
+            raise ValueError("every node's parent must come before it (parents[i] < i)")
+        if any(self.drawn_list) and self.q is None:
             raise ValueError("nodes marked drawn need the distributions q they were drawn from")
+        self.child_lists = [[] for _ in range(n)]
+        for i in range(1, n):
+            self.child_lists[self.parent_list[i]].append(i)
 
     @property
     def size(self) -> int:
-        return len(self.tokens)
+        return len(self.token_list)
 
     def children(self, node: int) -> list[int]:
-        return (self.parents == node).nonzero().flatten().tolist()
+        return list(self.child_lists[node])
+
+    def depth_list(self) -> list[int]:
+        """The depth of each node (the root has depth 0), as Python ints."""
+        depth = [0] * self.size
+        for i in range(1, self.size):
+            depth[i] = depth[self.parent_list[i]] + 1
+        return depth
 
     def depths(self) -> torch.Tensor:
         """(n,) depth of each node; the root has depth 0."""
-        depth = torch.zeros(self.size, dtype=torch.long)
-        for i in range(1, self.size):
-            depth[i] = depth[self.parents[i]] + 1
-        return depth
+        return torch.tensor(self.depth_list(), dtype=torch.long)
 
     def ancestors(self) -> torch.Tensor:
         """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors (what node i attends to)."""
         mask = torch.eye(self.size, dtype=torch.bool)
         for i in range(1, self.size):
-            mask[i] |= mask[self.parents[i]]
+            mask[i] |= mask[self.parent_list[i]]
         return mask
 
     def path_to(self, node: int) -> list[int]:
@@ -75,17 +90,17 @@ class Tree:
         path = []
         while node > 0:
             path.append(node)
-            node = int(self.parents[node])
+            node = self.parent_list[node]
         return path[::-1]
 
     def child_distribution(self, child: int, V: int, dtype=torch.float64, device=None) -> torch.Tensor:
         """q_c: the distribution child c was drawn from, or the one-hot of its token when it was chosen; on
         ``device`` (the target's p, which a tree built on the CPU meets on a GPU), the tree's own by default."""
         device = device or self.tokens.device
-        if bool(self.drawn[child]):
+        if self.drawn_list[child]:
             return self.q[child].to(device=device, dtype=dtype)
         row = torch.zeros(V, dtype=dtype, device=device)
-        row[self.tokens[child]] = 1.0
+        row[self.token_list[child]] = 1.0
         return row
 
 
@@ -140,34 +155,47 @@ class TreeBuilder:
 def verify_tree(tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None,
                 rule: Rule = EXACT_RULE) -> tuple[list[int], int]:
     """Sampling verification of a tree. p: (n, V) the target's distributions at every node.
-    Returns (accepted node indices, root to leaf, excluding the root; the next token)."""
+    Returns (accepted node indices, root to leaf, excluding the root; the next token).
+
+    Every node's competition is computed where p is, before the walk: each child's acceptance probability given
+    that its earlier siblings were rejected, what is left of r after all of them, one uniform per child and one
+    token drawn from each node's leftover. One transfer brings the acceptances and the tokens to the host, where
+    the walk descends into the first accepted child and emits the leftover token of the node where it stops.
+    The walk reads each draw only under the condition the sequential rule draws it in (earlier siblings
+    rejected), and the draws are independent, so the law is that rule's; the unused draws are discarded."""
     p = at_least_float32(p)
     V = p.shape[-1]
+    accept = torch.zeros(tree.size, dtype=p.dtype, device=p.device)  # per child; the root's entry stays 0
+    left = []
+    for node in range(tree.size):
+        r = p[node]  # what the children compete for, and the bonus at a leaf
+        for child in tree.child_lists[node]:
+            q_c = tree.child_distribution(child, V, r.dtype, r.device)
+            x = tree.token_list[child]
+            accept[child] = rule.accept(r[x], q_c[x])
+            r = rule.residual(r, q_c)  # rejected: the next sibling competes for what is left
+        left.append(r)
+    u = torch.rand(tree.size, generator=generator, device=p.device, dtype=p.dtype)
+    leftover = sample(torch.stack(left), generator)  # (n,): the token each node emits when the walk stops there
+    accepted, leftover = torch.stack([(u < accept).long(), leftover]).tolist()  # the one transfer
     path, node = [], 0
     while True:
-        r = p[node]  # what the children compete for, and the bonus at a leaf
-        for child in tree.children(node):
-            q_c = tree.child_distribution(child, V, r.dtype, r.device)
-            x = int(tree.tokens[child])
-            u = torch.rand((), generator=generator, device=r.device, dtype=r.dtype)
-            if u < rule.accept(r[x], q_c[x]):
-                path.append(child)
-                node = child
-                break
-            r = rule.residual(r, q_c)  # rejected: the next sibling competes for what is left
-        else:  # every child rejected, or a leaf: emit from what is left (the bonus token at a leaf)
-            return path, int(sample(r, generator))
+        child = next((c for c in tree.child_lists[node] if accepted[c]), None)
+        if child is None:  # every child rejected, or a leaf: emit from what is left (the bonus token at a leaf)
+            return path, leftover[node]
+        path.append(child)
+        node = child
 
 
 def verify_tree_greedy(tree: Tree, target_argmax: torch.Tensor) -> tuple[list[int], int]:
     """Greedy verification: the longest path whose every token is the target's argmax at its parent.
-    target_argmax: (n,) the target's choice at every node."""
+    target_argmax: (n,) the target's choice at every node, brought to the host in one transfer."""
+    want = target_argmax.tolist()
     path, node = [], 0
     while True:
-        want = int(target_argmax[node])
-        hit = [c for c in tree.children(node) if int(tree.tokens[c]) == want]
+        hit = [c for c in tree.child_lists[node] if tree.token_list[c] == want[node]]
         if not hit:
-            return path, want
+            return path, want[node]
         node = hit[0]
         path.append(node)
 
@@ -183,7 +211,7 @@ def tree_outcome_distribution(tree: Tree, p: torch.Tensor, rule: Rule = EXACT_RU
         r = p[node]
         for child in tree.children(node):
             q_c = tree.child_distribution(child, V)
-            x = int(tree.tokens[child])
+            x = tree.token_list[child]
             a = float(rule.accept(r[x], q_c[x]))
             if a > 0:
                 walk(child, prefix + (x,), prob * a)

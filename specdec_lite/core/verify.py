@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from .sampling import at_least_float32, sample
+from .sampling import at_least_float32, has_weight, refuse_without_weight, sample
 
 
 def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -91,7 +91,8 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     draft_tokens: (B, gamma) long; q: (B, gamma, V) draft probabilities or None (point-mass draft);
     p: (B, gamma+1, V) target probabilities.
     Returns num_accepted (B,) in 0..gamma and next_token (B,): the corrected token at the first rejection,
-    or the bonus token drawn from p[:, gamma] when all gamma are accepted.
+    or the bonus token drawn from p[:, gamma] when all gamma are accepted. Reads one flag from the device: that
+    q (drawn unchecked, ``sampling.sample``) and the rows the next token is drawn from can be sampled.
     """
     check_shapes(draft_tokens, q, p)
     B, gamma = draft_tokens.shape
@@ -110,7 +111,10 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
     # 3) the next token: from norm((p - q)+) at the first rejection; from p[:, gamma] (q row = 0) after all
     p_next = p[rows, num_accepted]  # (B, V)
     q_next = _draft_row_at(draft_tokens, q, num_accepted, V, p.dtype)  # (B, V), zeros at the bonus position
-    next_token = sample(rule.residual(p_next, q_next), generator)
+    residual = rule.residual(p_next, q_next)
+    ok = has_weight(residual) if q is None else has_weight(residual).all() & has_weight(q).all()
+    refuse_without_weight(ok)
+    next_token = sample(residual, generator, check=False)
     return num_accepted, next_token
 
 

@@ -360,6 +360,7 @@ class FeatureDraft(Drafter):
     def begin(self, input_ids):
         self.features = None
 
+    @torch.inference_mode()  # no autograd graph through the head's fusion in the loop
     def observe(self, hidden, first_position: int) -> None:
         fresh = self.head.real_features(hidden.to(self.head_dtype))
         kept = self.features[:, :first_position] if self.features is not None else fresh[:, :0]
@@ -367,9 +368,9 @@ class FeatureDraft(Drafter):
             raise RuntimeError(f"features of positions {kept.shape[1]}..{first_position - 1} are missing")
         self.features = torch.cat([kept, fresh], dim=1)
 
-    def rollback(self, kept: torch.Tensor) -> None:
+    def rollback(self, kept: list[int]) -> None:
         if self.features is not None:
-            self.features = self.features[:, : int(kept.min())]
+            self.features = self.features[:, : min(kept)]
 
     def proposal_length(self, gamma: int) -> int:
         """Drafts per round once features exist."""
@@ -420,7 +421,7 @@ class EagleDraft(FeatureDraft):
     def propose(self, seq, lengths, gamma, sampling, generator):
         if self.features is None:  # the target has not run yet: this round is the prefill
             return seq.new_zeros(seq.shape[0], 0), None
-        L = int(lengths.max())
+        L = self.features.shape[1] + 1  # the target has run over every position but the newest token's
         predicted = self.catch_up(seq, lengths)
         tokens, qs = [], []
         for i in range(gamma):
@@ -434,10 +435,10 @@ class EagleDraft(FeatureDraft):
 
     def catch_up(self, seq, lengths) -> torch.Tensor:
         """Feed the head the real features it has not seen, (f_i, token i+1) for i = h..L-2; returns the predicted
-        feature f'_{L-1} (B, 1, H), from which the first draft token comes."""
-        L, h = int(lengths.max()), self.cache.length
-        if self.features.shape[1] != L - 1:
-            raise RuntimeError(f"expected target features for {L - 1} positions, have {self.features.shape[1]}")
+        feature f'_{L-1} (B, 1, H), from which the first draft token comes. L, the context's length, is one more
+        than the positions whose features the drafter was given (``observe`` refuses a gap): nothing is read from
+        ``lengths``."""
+        L, h = self.features.shape[1] + 1, self.cache.length
         positions = torch.arange(h, L - 1, device=seq.device)
         predicted = self.head(self.features[:, h:], self.embed(seq[:, h + 1: L]), positions, self.cache)[:, -1:]
         self.real_length = L - 1
@@ -456,10 +457,10 @@ class EagleDraft(FeatureDraft):
             tokens = torch.cat([tokens, proposals[:, i: i + 1]], dim=1)
         return torch.stack(logits, 1)
 
-    def rollback(self, kept: torch.Tensor) -> None:
+    def rollback(self, kept: list[int]) -> None:
         super().rollback(kept)
         # entries made from predicted features go, even for accepted drafts: next round re-feeds real ones
-        self.cache.crop(min(self.cache.length, self.real_length, int(kept.min())))
+        self.cache.crop(min(self.cache.length, self.real_length, min(kept)))
 
 
 class MedusaDraft(FeatureDraft):

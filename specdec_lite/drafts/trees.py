@@ -125,9 +125,9 @@ class EagleTreeDraft(Drafter):
         self.grow(builder, seq, lengths, gamma, sampling, generator)
         return builder.build()
 
-    def rollback(self, kept: torch.Tensor) -> None:
+    def rollback(self, kept: list[int]) -> None:
         if self.adaptive is not None:
-            self.adaptive.update(self._proposed, int(kept[0]) - self._start)
+            self.adaptive.update(self._proposed, kept[0] - self._start)
         self.eagle.rollback(kept)
 
 
@@ -182,7 +182,7 @@ class DynamicTreeDraft(Drafter):
     def observe(self, hidden, first_position: int) -> None:
         self.eagle.observe(hidden, first_position)
 
-    def rollback(self, kept: torch.Tensor) -> None:
+    def rollback(self, kept: list[int]) -> None:
         self.eagle.rollback(kept)
 
     def children(self, parents: list[int], depth: int, features, candidates: list[Candidate],
@@ -274,7 +274,7 @@ def round_seconds(drafter: Drafter, target, depth: int, context_len: int = 64, r
     drafter.observe(hidden, 0)
     lengths, greedy, times = torch.tensor([context_len + 1]), SamplingParams(temperature=0.0), []
     for r in range(repeats + 1):  # the first is a warm-up
-        drafter.rollback(torch.tensor([context_len - 2]))
+        drafter.rollback([context_len - 2])
         drafter.observe(hidden[:, context_len - 2:], context_len - 2)
         _, seconds = timed(lambda: drafter.propose_tree(seq, lengths, depth, greedy, None), lm.device)
         if r:
@@ -415,8 +415,8 @@ class LookupTreeDraft(Drafter):
         step = -1 if accepted >= self._proposed else 1
         self.min_match = min(self.max_ngram, max(self.min_ngram, self.min_match + step))
 
-    def rollback(self, kept: torch.Tensor) -> None:
-        self.update(int(kept[0]) - self._start)
+    def rollback(self, kept: list[int]) -> None:
+        self.update(kept[0] - self._start)
 
 
 class HybridTreeDraft(Drafter):
@@ -444,7 +444,7 @@ class HybridTreeDraft(Drafter):
         self.head.grow(builder, seq, lengths, gamma, sampling, generator)
         return builder.build()
 
-    def rollback(self, kept: torch.Tensor) -> None:
+    def rollback(self, kept: list[int]) -> None:
         self.lookup.rollback(kept)
         self.head.rollback(kept)
 
