@@ -174,7 +174,7 @@ def test_memory_is_checked_before_loading(local_pairs, monkeypatch):
 
 def test_greedy_identity_of_the_embedded_target_on_the_static_path(embedded):
     """The embedded target with a static cache: static speculative (the trained draft, static too; layer skip;
-    n-gram) == static autoregressive == transformers' generate. The static model is a copy of its own, so the
+    n-gram; auto, whose greedy drafting is a token tree) == static autoregressive == transformers' generate. The static model is a copy of its own, so the
     shared fixture stays as it is."""
     reference_model, tokenizer = embedded
     x = tokenizer.apply_chat_template([{"role": "user", "content": "List three uses of a cache."}],
@@ -187,6 +187,6 @@ def test_greedy_identity_of_the_embedded_target_on_the_static_path(embedded):
     assert static_state(reference_model) is None
     ours = sd.autoregressive_generate(model, x, max_new_tokens=32, sampling=GREEDY)
     assert torch.equal(ours.tokens, reference)
-    for kind in (draft, sd.LayerSkipDraft(model, exit_layer=20), sd.NGramDraft()):
+    for kind in (draft, sd.LayerSkipDraft(model, exit_layer=20), sd.NGramDraft(), sd.load_draft("auto", model)):
         spec = sd.speculative_generate(model, kind, x, gamma=4, max_new_tokens=32, sampling=GREEDY)
         assert torch.equal(spec.tokens, reference), type(kind).__name__
