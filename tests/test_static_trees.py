@@ -1,7 +1,6 @@
 """Token trees on the static cache (preallocated, the path that compiles and, on a GPU, replays CUDA graphs): the
 tree forward and its compaction, auto's greedy identity, the exact law and the chi-square through it, the features
 a head keeps after every tree round (both caches), and compiled forwards that stay compiled."""
-import numpy as np
 import pytest
 import torch
 import torch._dynamo.utils
@@ -10,15 +9,12 @@ import specdec_lite as sd
 from specdec_lite.core import tree as tree_module
 from specdec_lite.core.drafter import ModelDraft
 from specdec_lite.core.lm import TREE_ROWS, static_state, use_static_cache
-from specdec_lite.drafts.trees import HybridTreeDraft, LookupTreeDraft, SampledTreeDraft
-from specdec_lite.repro.exact import exact_target_distribution, max_abs_difference
+from specdec_lite.drafts.trees import HybridTreeDraft, LookupTreeDraft
 from specdec_lite.repro.mutants import TREE_MUTANTS
-from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
 
 from conftest import tiny_llama
 from test_heads import random_head_draft
-from test_trees import (NodesSeeAllNodesLM, _hand_tree_round, _repetitive_prompt, _tree_forward_law, auto_shape,
-                        small_dynamic_tree)
+from test_trees import _hand_tree_round, _repetitive_prompt, auto_shape, check_sampled_tree_law, small_dynamic_tree
 
 GREEDY = sd.SamplingParams(temperature=0)
 
@@ -57,31 +53,11 @@ def test_trees_on_the_static_cache_give_plain_greedy_decoding(drafting):
 
 
 def test_the_tree_law_through_the_static_cache():
-    """A sampled tree (width 2, depth 2) verified at T = 1 through a tiny Llama's tree forward on the static cache
-    (the mask spans the preallocated length; rows padded to the node budget).
-    - Exact (float64): the first round's law from the static feed_tree's node distributions is the target's law of
-      the first two tokens to 1e-9; with the mask among the nodes left open it is off by more than 0.04.
-    - Statistical: n = 2,000 runs of the real loop on the static cache; chi-square of the first two tokens
-      (9 cells) at level 1e-3, power > 0.99 against the open-mask law, which the loop with that mask fails."""
-    exact_target = static(tiny_llama(vocab=3, layers=2, seed=11).double(), max_length=32)
-    prompt, sampling = [0, 2], sd.SamplingParams(temperature=1.0)
-    drafter = SampledTreeDraft(tiny_llama(vocab=3, layers=1, seed=12), width=2, depth=2)
-    exact_want = exact_target_distribution(exact_target, prompt, 2, sampling)
-    assert max_abs_difference(_tree_forward_law(sd.HFCausalLM(exact_target), drafter, prompt, sampling),
-                              exact_want) < 1e-9
-    target = static(tiny_llama(vocab=3, layers=2, seed=11), max_length=32)
-    want = exact_target_distribution(target, prompt, 2, sampling)
-    broken = _tree_forward_law(NodesSeeAllNodesLM(target, len(prompt)), drafter, prompt, sampling)
-    n = 2000
-    assert max_abs_difference(broken, want) > 0.04 and chi_square_power(want, broken, n, level=1e-3) > 0.99
-
-    def first_two(lm, seed0):
-        return np.array([sd.speculative_generate(lm, drafter, torch.tensor(prompt), gamma=2, max_new_tokens=2,
-                                                 sampling=sampling, seed=seed).tokens.tolist()
-                         for seed in range(seed0, seed0 + n)])
-
-    assert chi_square_pvalue(first_two(sd.HFCausalLM(target), 0), want) > 1e-3
-    assert chi_square_pvalue(first_two(NodesSeeAllNodesLM(target, len(prompt)), n), want) < 1e-3
+    """test_trees' checks of a sampled tree at T = 1 (``check_sampled_tree_law``: the exact law in float64 to 1e-9,
+    and a chi-square over 2,000 runs of the loop with power > 0.99 against a mask left open among the nodes), through
+    the tree forward on the static cache (the mask spans the preallocated length)."""
+    check_sampled_tree_law(static(tiny_llama(vocab=3, layers=2, seed=11), max_length=32),
+                           static(tiny_llama(vocab=3, layers=2, seed=11).double(), max_length=32))
 
 
 class ShiftedFeatures(HybridTreeDraft):

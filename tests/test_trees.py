@@ -248,19 +248,23 @@ def _tree_forward_law(lm, drafter, prompt, sampling):
 
 def test_t1_sampled_tree_through_a_tiny_llama_tree_forward():
     """A sampled tree (width 2, depth 2, drafts drawn from q) verified at T = 1 through a tiny Llama's feed_tree,
-    where the mask and the positions matter (the toy models ignore both).
+    where the mask and the positions matter (the toy models ignore both): ``check_sampled_tree_law``."""
+    check_sampled_tree_law(tiny_llama(vocab=3, layers=2, seed=11), tiny_llama(vocab=3, layers=2, seed=11).double())
+
+
+def check_sampled_tree_law(target, exact_target):
+    """The checks of a sampled tree (width 2, depth 2) at T = 1 through ``target``'s tree forward (a tiny Llama of
+    vocabulary 3, seed 11; ``exact_target`` the same in float64):
     - Exact (float64): the first round's law, built from feed_tree's own node distributions, is the target's law of the
       first two tokens to 1e-9; with the mask among the nodes left open it is off by 0.049.
     - Statistical: n = 2,000 runs of the real loop; chi-square of the first two tokens (9 cells) at level 1e-3.
       Its power against the open-mask law is > 0.99 at this n, and it rejects the loop run with that mask.
       Subtler mask errors are below this test's reach: a plain causal mask (a node also sees its earlier
       siblings) moves this law by 0.004, power 0.001."""
-    target, draft = tiny_llama(vocab=3, layers=2, seed=11), tiny_llama(vocab=3, layers=1, seed=12)
     prompt, sampling = [0, 2], sd.SamplingParams(temperature=1.0)
-    drafter = SampledTreeDraft(draft, width=2, depth=2)
+    drafter = SampledTreeDraft(tiny_llama(vocab=3, layers=1, seed=12), width=2, depth=2)
     want = exact_target_distribution(target, prompt, 2, sampling)
     # the exact law in float64: a float32 tree forward rounds differently from the causal one (3e-8 on some CPUs)
-    exact_target = tiny_llama(vocab=3, layers=2, seed=11).double()
     assert max_abs_difference(_tree_forward_law(sd.HFCausalLM(exact_target), drafter, prompt, sampling),
                               exact_target_distribution(exact_target, prompt, 2, sampling)) < 1e-9
     broken = _tree_forward_law(NodesSeeAllNodesLM(target, len(prompt)), drafter, prompt, sampling)

@@ -1,4 +1,4 @@
-"""The GPU check's benchmark (issue #47 item 5): random-weight Llama models of real shapes, made on the device,
+"""The GPU check's benchmark: random-weight Llama models of real shapes, made on the device,
 transformers' ``generate`` against our plain and speculative decoding, one row at a time.
 
     python -m specdec_lite.repro.gpu_bench --device cuda                (make gpu-check; Llama-3.1-8B + 3.2-1B shapes)
@@ -33,7 +33,7 @@ compiled graphs.
 
 Speedups: plain rows over ``generate eager`` and over ``generate`` on the same cache kind; oracle rows over our
 plain decoding on the same path (what the formula predicts) and over the fastest plain decoding measured in the
-run. At the end the issue's three claims are checked against the rows (printed, and written to
+run. At the end the three claims of the GPU path are checked against the rows (printed, and written to
 ``verdicts.csv``): ours plain >= 1.0x ``generate`` on the same cache kind; ours compiled >= 2.5x ``generate``
 eager; the oracle at 0.8 / gamma 4 >= 2.0x the fastest plain decoding and within 15% of the formula. They are
 claims about GPUs: a CPU rehearsal prints them for the record only.
@@ -607,7 +607,7 @@ def benchmark_settings(device: torch.device, plan: Plan):
 
 # ------------------------------------------------------------------------------------------------ the claims
 def verdicts(rows: list[dict]) -> list[dict]:
-    """The issue's three claims, from the rows: {"claim", "measured", "needed", "holds"} each; a claim whose rows
+    """The GPU path's three claims, from the rows: {"claim", "measured", "needed", "holds"} each; a claim whose rows
     are missing or skipped is reported as not measured (holds None)."""
     by_name = {r["row"]: r for r in rows if r["status"] == "measured"}
 
@@ -631,7 +631,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
 
 def write_verdicts(checks: list[dict], path: Path, on_gpu: bool, log=print) -> Path:
     """Print the claims' verdicts and write them to ``path`` (CSV)."""
-    log("the issue's claims" + ("" if on_gpu else " (made for GPUs: on a CPU for the record only)") + ":")
+    log("the GPU path's claims" + ("" if on_gpu else " (made for GPUs: on a CPU for the record only)") + ":")
     for c in checks:
         verdict = "not measured" if c["holds"] is None else ("holds" if c["holds"] else "FAILS")
         log(f"  {c['claim']}: {'-' if c['measured'] is None else format(c['measured'], '.3f')} "
