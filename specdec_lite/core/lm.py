@@ -208,12 +208,17 @@ class HFCausalLM:
         out = forward(input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
                       output_hidden_states=hidden_layers is not None, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
-        # logits come back where the last layer sits; a model split over devices returns them to the input's
-        compiled = forward is not self.model  # a CUDA-graph replay reuses its output memory: keep copies
-        logits = out.logits[..., : self.vocab_size].to(self.input_device, copy=compiled)
+        return self._returned(out, forward, hidden_layers)
+
+    def _returned(self, out, forward, hidden_layers: tuple | None, rows: int | None = None):
+        """The logits (and the hidden states at ``hidden_layers``) of the first ``rows`` fed positions (None: all)
+        where the input sits (a model split over devices returns them where its last layer sits), copied after a
+        compiled forward (a CUDA-graph replay reuses its output memory)."""
+        compiled = forward is not self.model
+        logits = out.logits[:, :rows, : self.vocab_size].to(self.input_device, copy=compiled)
         if hidden_layers is None:
             return logits
-        return logits, selected_hidden(out.hidden_states, hidden_layers).to(self.input_device, copy=compiled)
+        return logits, selected_hidden(out.hidden_states, hidden_layers)[:, :rows].to(self.input_device, copy=compiled)
 
     @torch.inference_mode()
     def feed_tree(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
@@ -232,12 +237,7 @@ class HFCausalLM:
         if tokens.shape[1] > F:
             self.cache.crop(F - tokens.shape[1])  # the padding rows' entries
         self.length += F
-        compiled = forward is not self.model  # a CUDA-graph replay reuses its output memory: keep copies
-        logits = out.logits[:, :F, : self.vocab_size].to(self.input_device, copy=compiled)
-        if hidden_layers is None:
-            return logits
-        hidden = selected_hidden(out.hidden_states, hidden_layers)[:, :F]
-        return logits, hidden.to(self.input_device, copy=compiled)
+        return self._returned(out, forward, hidden_layers, rows=F)
 
     def tree_rows(self, F: int) -> int:
         """The rows a tree forward of ``F`` tokens runs with on the static cache: where it ``compiles``, the
