@@ -56,7 +56,7 @@ def test_a_second_build_reads_the_profile_instead_of_timing(profiles, monkeypatc
         assert low <= median <= high and median == costs["v"][n]
     low, median, high = costs["spread"]["head_cost"]
     assert 0 < low <= median <= high and median == first.head_cost
-    assert f"saved to {costs['file']}" in capsys.readouterr().out
+    assert f"saved as {Path(costs['file']).name} in paths.cost_profiles_dir()" in capsys.readouterr().out
     assert costs["cpus"] == os.cpu_count() and costs["load_average"] >= 0 and costs["measured_at"]
 
     def no_timing(*args, **kwargs):

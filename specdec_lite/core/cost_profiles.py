@@ -127,7 +127,7 @@ def kept_or_measured(kind: str, key: dict, measure, parse, remeasure: bool = Fal
                     load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None, cpus=os.cpu_count())
     try:
         write_profile(path, key, measured)
-        print(f"{kind} costs measured ({why}{busy_note(measured)}) and saved to {path}")
+        print(f"{kind} costs measured ({why}{busy_note(measured)}) and saved as {path.name} in paths.cost_profiles_dir()")
     except OSError as e:  # a read-only cache: use the costs, measure again next time
         print(f"{kind} costs measured ({why}{busy_note(measured)}) but not saved to {path} ({type(e).__name__}: {e})")
         path = None
