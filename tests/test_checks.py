@@ -181,6 +181,18 @@ def test_c15_batch():
     assert checks.c15_batch(4, table.assign(**{"v(4) = T(5 tokens)/T(1 token)": [1.4, 1.5]})).verdict == D
 
 
+def test_c15_throughput():
+    """More cases in test_batching.py."""
+    rows = [{"batch": b, "method": m, "kind": "speculative", "speedup": s, "skipped": ""}
+            for b, speedups in ((1, {"n-gram": 1.3, "trained draft": 1.1}), (8, {"n-gram": 0.8, "trained draft": 0.9}))
+            for m, s in speedups.items()]
+    table = pd.DataFrame(rows)
+    row = checks.c15_throughput(table)
+    assert row.verdict == R and row.measured.startswith("n-gram, speedup over the faster plain decoding by batch: "
+                                                        "1: 1.30x, 8: 0.80x")
+    assert checks.c15_throughput(table.assign(speedup=[1.3, 1.1, 1.25, 0.9])).verdict == D
+
+
 def test_c15_concurrency():
     table = pd.DataFrame({"concurrency": [1, 4, 16], "speedup": [1.4, 1.3, 1.2], "baseline": "plain server"})
     row = checks.c15_concurrency("vLLM", table, batches=True)

@@ -99,13 +99,36 @@ def test_concurrent_requests_keep_their_own_tokens_and_timings(local_servers, re
     assert decode["p1"] > decode["p0"] and decode["p3"] > decode["p2"]
 
 
-def test_the_server_names_its_model_and_queue_and_refuses_another_model(local_servers):
-    endpoint = local_servers["auto"][0]
-    [entry] = httpx.get(endpoint.base_url + "/models").json()["data"]
-    assert entry["id"] == MODEL and entry["queued"] is True and entry["max_concurrent_requests"] == 1
-    answer = httpx.post(endpoint.base_url + "/chat/completions", json={
+def test_the_server_names_its_model_and_how_it_batches_and_refuses_another_model(local_servers):
+    """``auto`` drafts token trees greedy (one request at a time) and the head's chain at T > 0 (batched); plain
+    decoding batches both; the harness reads it from /v1/models, and a server that says nothing counts as
+    ``assume``."""
+    plain, auto = local_servers["plain"][0], local_servers["auto"][0]
+    [entry] = httpx.get(auto.base_url + "/models").json()["data"]
+    assert entry["id"] == MODEL and entry["queued"] is True and entry["batching"]["max_batch"] == 16
+    assert entry["batching"]["greedy"] is False and "token trees" in entry["batching"]["one_at_a_time"]["greedy"]
+    assert ep.batching_of(plain)["greedy"] is True and ep.batching_of(plain)["sampled"] is True
+    assert ep.batches_at([plain], 0.0) and ep.batches_at([plain], 0.7)
+    assert not ep.batches_at([plain, auto], 0.0)
+    silent = ep.Endpoint("silent", f"http://127.0.0.1:{ep.free_port()}/v1", MODEL)
+    assert ep.batching_of(silent) is None and ep.batches_at([plain, silent], 0.0, assume=True)
+    assert not ep.batches_at([plain, silent], 0.0)
+    answer = httpx.post(auto.base_url + "/chat/completions", json={
         "model": "other", "messages": [{"role": "user", "content": "hi"}]})
     assert answer.status_code == 404 and MODEL in answer.json()["error"]["message"]
+
+
+def test_the_concurrency_runs_compare_the_batching_servers():
+    """With a batching speculative server among the local ones, the concurrency runs compare it with the plain
+    server and the other runs leave it out; with given endpoints every one runs everywhere."""
+    plain = ep.Endpoint(ep.LOCAL_PLAIN, "http://h:1/v1", MODEL, ep.LOCAL_PLAIN)
+    auto = ep.Endpoint(f"{ep.LOCAL_SPECULATIVE} (auto)", "http://h:2/v1", MODEL, ep.LOCAL_PLAIN)
+    batching = ep.Endpoint(f"{ep.LOCAL_BATCHING} (draft)", "http://h:3/v1", MODEL, ep.LOCAL_PLAIN)
+    llama = ep.Endpoint(ep.LLAMA_PLAIN, "http://h:4/v1", MODEL, ep.LLAMA_PLAIN)
+    assert ep.split_runs([plain, auto, batching, llama]) == ([plain, auto, llama], [plain, batching])
+    assert ep.split_runs([plain, auto]) == ([plain, auto], [plain, auto])
+    command = ep.local_server_command(8000, MODEL, "none", max_batch=4)
+    assert command[command.index("--max-batch") + 1] == "4"
 
 
 # ---------------------------------------------------------------- bad input: refused, nothing written

@@ -124,6 +124,28 @@ def fake_gpu_rows() -> list[dict]:
     return rows
 
 
+def fake_batch_throughput() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(``batching.batch_throughput`` rows, ``costs.by_batch``): two plain decodings, three draftings, the EAGLE
+    head's chain skipped past batch 1."""
+    rng = np.random.default_rng(5)
+    batches = [1, 2, 4, 8, 16, 32]
+    rows = []
+    for b in batches:
+        plain = {"autoregressive": 40.0 * b ** 0.8, "transformers generate": 35.0 * b ** 0.85}
+        fastest = max(plain, key=plain.get)
+        for method, tps in plain.items():
+            rows.append({"batch": b, "method": method, "kind": "plain", "tokens_per_second": tps,
+                         "baseline": fastest, "speedup": tps / plain[fastest], "skipped": ""})
+        for method, gain in (("trained draft", 1.3), ("n-gram", 1.5), ("EAGLE head", 1.8)):
+            skipped = method == "EAGLE head" and b > 1
+            speedup = np.nan if skipped else gain * b ** -0.15 * rng.uniform(0.95, 1.05)
+            rows.append({"batch": b, "method": method, "kind": "speculative",
+                         "tokens_per_second": speedup * plain[fastest], "baseline": fastest, "speedup": speedup,
+                         "skipped": "refused a batch" if skipped else ""})
+    v = pd.DataFrame({"batch": batches, "v(4) = T(5 tokens)/T(1 token)": np.linspace(1.05, 3.0, len(batches))})
+    return pd.DataFrame(rows), v
+
+
 def title(text):
     return f"{text} (bfloat16)"
 
@@ -155,6 +177,7 @@ FIGURES = {
     "endpoints_length_concurrency": lambda: figures.endpoints_length_concurrency(fake_endpoints()[1], title),
     "sweep_comparison": lambda: figures.sweep_comparison(fake_sweep_table()),
     "gpu_check": lambda: figures.gpu_check(fake_gpu_rows(), (0.6, 0.8, 0.9)),
+    "batch_throughput": lambda: figures.batch_throughput(*fake_batch_throughput(), title),
 }
 
 

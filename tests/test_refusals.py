@@ -108,11 +108,27 @@ def test_tokenizers_that_do_not_match():
         sd.speculative_generate(target, draft, torch.tensor([[1, 2]]), max_new_tokens=4)
 
 
-def test_ragged_batches_of_real_models_are_refused_clearly():
-    target = tiny_llama(layers=1)
-    with pytest.raises(NotImplementedError, match="run real models with batch size 1"):
-        sd.speculative_generate(target, tiny_llama(layers=1, seed=1), torch.tensor([[1, 2], [3, 4]]),
-                                max_new_tokens=16, sampling=sd.SamplingParams(temperature=1.0))
+def test_batches_that_run_one_prompt_at_a_time_are_refused_clearly():
+    """Batches of real models run on the dynamic cache with chain drafts, heads included (``test_batched.py``); the
+    static cache and token trees take one prompt at a time, and say so before any forward."""
+    from specdec_lite.core.lm import use_static_cache
+    from specdec_lite.drafts import heads
+
+    x = torch.tensor([[1, 2], [3, 4]])
+    static, draft = use_static_cache(tiny_llama(layers=1), max_length=64), tiny_llama(layers=1, seed=1)
+    target = tiny_llama(layers=1, seed=2)
+    cfg = heads.head_config_for(target, "eagle", "tiny", sub_vocab_size=0)
+    tree = sd.EagleTreeDraft(heads.make_drafter(heads.build_head(cfg), cfg, target))
+    forwards = []
+    for model in (static, draft, target):
+        model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    with pytest.raises(NotImplementedError, match="needs the dynamic cache .*use_dynamic_cache"):
+        sd.speculative_generate(static, draft, x, max_new_tokens=16, sampling=sd.SamplingParams(temperature=1.0))
+    with pytest.raises(NotImplementedError, match="needs the dynamic cache .*use_dynamic_cache"):
+        sd.autoregressive_generate(static, x, max_new_tokens=16)
+    with pytest.raises(NotImplementedError, match="EagleTreeDraft proposes token trees .*batch size 1"):
+        sd.speculative_generate(target, tree, x, max_new_tokens=16)
+    assert not forwards
 
 
 def test_bad_draft_arguments():

@@ -5,7 +5,7 @@
   tree        token trees: the tree, its attention mask and positions, tree verification, cache compaction
   lm          the model-wrapper protocol (feed / crop / cache_lengths) and the Hugging Face wrapper
   drafter     the drafter protocol (begin / propose / observe / rollback) and the independent draft model
-  tokenizers  refusing a draft whose tokenizer differs from the target's
+  tokenizers  refusing a draft whose tokenizer differs from the target's; chat templating (``chat_ids``)
   decode      the loop, top to bottom, and the autoregressive baseline
   host_reads  counting the reads of tensor values into Python (each one a wait on a GPU)
   models      loading a model by package name, Hugging Face id or local path; the "auto" dtype

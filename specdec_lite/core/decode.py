@@ -136,15 +136,18 @@ def context_limit(*lms) -> tuple[int | None, str]:
 
 
 # ---------------------------------------------------------------- what is refused, before any work
-def check_request(input_ids, max_length, gamma: int, max_new_tokens: int, sampling,
+def check_request(input_ids, max_length, gamma: int, max_new_tokens: int | list, sampling,
                   context_name: str = "the model's context") -> torch.Tensor:
-    """Refuse bad requests before any work starts. Returns input_ids as (B, T) long."""
+    """Refuse bad requests before any work starts. Returns input_ids as (B, T) long. ``max_new_tokens``: an
+    integer, or a list of them, each row's own (a server's batch of requests)."""
     if not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per round) must be an integer >= 1, got {gamma!r}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens]
+    if not limits or not all(isinstance(n, int) and n >= 1 for n in limits):
+        raise ValueError(f"max_new_tokens must be an integer >= 1 (or a list of them, one per row), got "
+                         f"{max_new_tokens!r}")
     input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() == 1:
         input_ids = input_ids[None, :]
@@ -153,6 +156,9 @@ def check_request(input_ids, max_length, gamma: int, max_new_tokens: int, sampli
                          "e.g. the tokenizer's BOS token")
     if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
         raise TypeError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+    if isinstance(max_new_tokens, (list, tuple)) and len(limits) != input_ids.shape[0]:
+        raise ValueError(f"max_new_tokens gives {len(limits)} limits for {input_ids.shape[0]} rows: give one per row")
+    max_new_tokens = max(limits)  # the context must hold the longest row
     if max_length is not None:
         T = input_ids.shape[1]
         if T >= max_length:
@@ -164,18 +170,122 @@ def check_request(input_ids, max_length, gamma: int, max_new_tokens: int, sampli
     return input_ids.long()
 
 
-def check_batch(input_ids, *lms) -> None:
-    """Rows of a batch accept different numbers of drafts; only wrappers with per-row caches allow that."""
-    if input_ids.shape[0] > 1 and not all(getattr(lm, "ragged_batches", False) for lm in lms if lm is not None):
+def check_padding(input_ids: torch.Tensor, attention_mask, target,
+                  sampling: SamplingParams) -> tuple[torch.Tensor, list[int] | None]:
+    """A left-padded batch comes with its ``attention_mask`` (B, T) of 0 (pad) and 1 (token), as transformers'
+    ``generate`` takes it. Refuses a mask that cannot be one (its shape, its values, padding on the right, a row
+    without tokens), a batch that looks padded but has no mask, and padding with a repetition penalty (the pads
+    would count as tokens the row has seen). Returns input_ids without the columns that are
+    padding in every row, and each row's count of left pads (None: no row has any), as Python ints."""
+    if attention_mask is None:
+        check_unmasked_padding(input_ids, target)
+        return input_ids, None
+    mask = torch.as_tensor(attention_mask)
+    mask = mask[None, :] if mask.dim() == 1 else mask
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(input_ids.shape)}: pass "
+                         "the attention_mask the tokenizer returned with these input_ids")
+    rows = mask.tolist()  # read once, before any work
+    for b, row in enumerate(rows):
+        if any(value not in (0, 1) for value in row):
+            raise ValueError(f"attention_mask must hold 0 (padding) and 1 (token) only, row {b} holds "
+                             f"{sorted(set(row) - {0, 1})}: pass the tokenizer's attention_mask")
+        if 1 not in row:
+            raise ValueError(f"row {b} of attention_mask is all zeros: every prompt needs at least one token")
+        if 0 in row[row.index(1):]:
+            raise ValueError(f"row {b} of attention_mask has padding after its tokens: pad on the left, as for "
+                             "generate (tokenizer(..., padding_side='left'), or tokenizer.padding_side = 'left')")
+    pads = [row.index(1) for row in rows]
+    common = min(pads)
+    pads = [pad - common for pad in pads]
+    if any(pads) and sampling.repetition_penalty != 1.0:
+        raise NotImplementedError("repetition_penalty with left-padded rows is not implemented (the pads would count "
+                                  "as tokens the row has seen): batch prompts of equal length, run them one at a "
+                                  "time, or use repetition_penalty=1.0")
+    return input_ids[:, common:], (pads if any(pads) else None)
+
+
+def check_unmasked_padding(input_ids: torch.Tensor, target) -> None:
+    """Refuse a batch without a mask where some rows, not all, start with the target's pad token (its
+    tokenizer's, or its generation config's): a left-padded batch given without its attention_mask."""
+    pad = pad_token_of(target)
+    if input_ids.shape[0] < 2 or pad is None:
+        return
+    starts = input_ids[:, 0].tolist()
+    padded = [b for b, token in enumerate(starts) if token == pad]
+    if padded and len(padded) < len(starts):
+        raise ValueError(f"rows {padded} start with the pad token {pad} and others do not: a left-padded batch needs "
+                         "its mask; pass attention_mask=... (what the tokenizer returned, as for generate)")
+
+
+def pad_token_of(target) -> int | None:
+    """The target's pad token: its registered tokenizer's, else its generation config's (None: unknown)."""
+    model = hf_model_of(target)
+    pad = getattr(tokenizer_of(model), "pad_token_id", None)
+    if pad is None:
+        pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+    return pad if isinstance(pad, int) else None
+
+
+def hf_model_of(target):
+    """The Hugging Face model behind ``target`` (itself, or a wrapper's ``model``), or None (the toy models)."""
+    return target if isinstance(target, torch.nn.Module) else getattr(target, "model", None)
+
+
+def check_batch(input_ids, padding: list[int] | None, *lms) -> None:
+    """Rows of a batch accept different numbers of drafts and end at different times: a batch needs wrappers whose
+    rows may hold different numbers of tokens (``ragged_batches``: the toy models, Hugging Face models on the
+    dynamic cache), and left padding needs wrappers that take it (``takes_padding``)."""
+    B = input_ids.shape[0]
+    for lm in (lm for lm in lms if lm is not None):
+        if B > 1 and not getattr(lm, "ragged_batches", False):
+            if getattr(lm, "static", None) is not None:
+                raise NotImplementedError(
+                    f"a batch of {B} prompts needs the dynamic cache (the static cache runs one prompt at a time): "
+                    "load the model with load_model(..., cache='dynamic') or call use_dynamic_cache(model)")
+            raise NotImplementedError(f"a batch of {B} prompts needs per-row cache lengths, which "
+                                      f"{type(lm).__name__} does not keep: run it with batch size 1")
+        if padding is not None and not getattr(lm, "takes_padding", False):
+            raise NotImplementedError(f"{type(lm).__name__} takes no left padding: give it prompts of equal length "
+                                      "(no padded rows in attention_mask)")
+
+
+def check_batched_drafter(drafter: Drafter, input_ids) -> None:
+    """Token trees draft for one prompt (a tree's forward, mask and walk are batch 1). Chain drafts take batches,
+    feature-level ones included: ``EagleDraft`` and ``MedusaDraft`` keep each row's features, and the EAGLE head
+    each row's entries under a key mask (``heads.py``)."""
+    if input_ids.shape[0] > 1 and drafter.proposes_trees:
         raise NotImplementedError(
-            f"a batch of {input_ids.shape[0]} prompts needs per-row caches, which only the toy models have; "
-            "Hugging Face caches roll back all rows together: run real models with batch size 1")
+            f"{type(drafter).__name__} proposes token trees and drafts for one prompt at a time, got a batch of "
+            f"{input_ids.shape[0]}: run it with batch size 1, or batch with a chain draft (a draft model, "
+            "NGramDraft, LayerSkipDraft, an EAGLE or Medusa head)")
 
 
-def check_pair(target, target_lm, drafter: Drafter, input_ids, sampling: SamplingParams) -> None:
-    """What a draft and a target must have in common, and what token trees need; each refusal says what to do."""
+def batch_refusal(target, draft=None, sampling: SamplingParams = SamplingParams()) -> str | None:
+    """Why ``target`` with ``draft`` (None: plain decoding) cannot decode a left-padded batch of prompts at
+    ``sampling``, as the loop's checks would refuse it (``check_batch``, ``check_batched_drafter``); None where it
+    can. A server asks before it gathers requests into a batch."""
+    two = torch.zeros((2, 1), dtype=torch.long)
+    target_lm = as_language_model(target)
+    try:
+        if draft is None:
+            check_batch(two, [1, 0], target_lm)
+        else:
+            drafter = as_drafter(draft, target).at(sampling)
+            check_batch(two, [1, 0], target_lm, getattr(drafter, "lm", None))
+            check_batched_drafter(drafter, two)
+    except NotImplementedError as err:
+        return str(err)
+    return None
+
+
+def check_pair(target, target_lm, drafter: Drafter, input_ids, sampling: SamplingParams,
+               padding: list[int] | None = None) -> None:
+    """What a draft and a target must have in common, what a batch needs, and what token trees need; each refusal
+    says what to do."""
     draft_lm = getattr(drafter, "lm", None)
-    check_batch(input_ids, target_lm, draft_lm)
+    check_batch(input_ids, padding, target_lm, draft_lm)
+    check_batched_drafter(drafter, input_ids)
     if drafter.vocab_size is not None and drafter.vocab_size != target_lm.vocab_size:
         raise ValueError(
             f"the draft's vocabulary ({drafter.vocab_size} tokens) cannot be aligned with the target's "
@@ -196,9 +306,8 @@ def check_pair(target, target_lm, drafter: Drafter, input_ids, sampling: Samplin
 
 
 def check_tree_request(input_ids, target_lm, sampling: SamplingParams) -> None:
-    """Token trees run at batch 1, without the repetition penalty (its per-node prefixes are not implemented)."""
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(f"token trees run one prompt at a time, got a batch of {input_ids.shape[0]}")
+    """Token trees run at batch 1 (``check_batched_drafter``), without the repetition penalty (its per-node
+    prefixes are not implemented)."""
     if sampling.repetition_penalty != 1.0:
         raise NotImplementedError("token trees do not support repetition_penalty; use a chain draft or penalty 1.0")
     if not hasattr(target_lm, "feed_tree"):
@@ -217,8 +326,7 @@ def end_tokens(target, eos_token_id=None, ignore_eos: bool = False) -> list[int]
                              "eos_token_id to stop at those tokens, or ignore_eos=True to run to max_new_tokens")
         return []
     if eos_token_id is None:
-        model = target if isinstance(target, torch.nn.Module) else getattr(target, "model", None)
-        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos_token_id = getattr(getattr(hf_model_of(target), "generation_config", None), "eos_token_id", None)
     if eos_token_id is None:
         return []
     ids = eos_token_id.tolist() if torch.is_tensor(eos_token_id) else eos_token_id
@@ -238,7 +346,7 @@ class Decoding:
     seq: torch.Tensor  # (B, T + room) prompt, then the tokens emitted (and scratch past each row's length)
     lengths: torch.Tensor  # (B,) tokens in each row so far, on seq's device
     prompt_len: int
-    max_new_tokens: int
+    max_new_tokens: int  # the longest row's limit (given a list: each row's own, kept in ``limits``)
     eos: list  # token ids that end a row
     sizes: list = field(init=False)  # the lengths, as Python ints
     stopped: list = field(init=False)  # (B,) rows that are done, as Python bools
@@ -249,14 +357,21 @@ class Decoding:
         self.sizes, self.stopped = [self.prompt_len] * B, [False] * B
         self.finished = torch.zeros(B, dtype=torch.bool, device=device)
         self.eos_ids = torch.tensor(self.eos, dtype=torch.long, device=device) if self.eos else None
+        given = self.max_new_tokens
+        self.limits = list(given) if isinstance(given, (list, tuple)) else [given] * B  # each row's max_new_tokens
+        self.max_new_tokens = max(self.limits)
+        # what grow compares with on the device: one number, or each row's where they differ
+        self.row_limits = self.max_new_tokens if len(set(self.limits)) == 1 else \
+            torch.tensor(self.limits, dtype=torch.long, device=device)
 
     @classmethod
-    def start(cls, input_ids, max_new_tokens: int, room: int, eos: list) -> "Decoding":
-        """A buffer for ``input_ids`` (B, T) with ``room`` extra slots for drafts past the end; ``eos``: the token
-        ids that end a row (``end_tokens``)."""
+    def start(cls, input_ids, max_new_tokens: int | list, room: int, eos: list) -> "Decoding":
+        """A buffer for ``input_ids`` (B, T) with ``room`` extra slots for drafts past the end; ``max_new_tokens``:
+        one limit, or each row's; ``eos``: the token ids that end a row (``end_tokens``)."""
         B, T = input_ids.shape
+        most = max(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else max_new_tokens
         # room for finished rows that keep drafting (their writes land past their length and are ignored)
-        seq = torch.zeros(B, T + max_new_tokens + room, dtype=torch.long, device=input_ids.device)
+        seq = torch.zeros(B, T + most + room, dtype=torch.long, device=input_ids.device)
         seq[:, :T] = input_ids
         return cls(seq, torch.full((B,), T, dtype=torch.long, device=input_ids.device), T, max_new_tokens, eos)
 
@@ -277,25 +392,25 @@ class Decoding:
             new = self.seq.gather(1, start[:, None] + offsets)
             hit = (torch.isin(new, self.eos_ids) & (offsets < counts[:, None])).any(1) & running
             self.finished = self.finished | hit
-        self.finished = self.finished | (self.lengths - self.prompt_len >= self.max_new_tokens)
+        self.finished = self.finished | (self.lengths - self.prompt_len >= self.row_limits)
         return hit
 
     def settle(self, counts: list[int], hit: list | None) -> list[int]:
         """On the host, from what the round read: the rows still running grow by ``counts[b]`` and stop at
-        max_new_tokens or where ``hit[b]`` (an EOS; None: none). Returns the rows that were running."""
+        their max_new_tokens or where ``hit[b]`` (an EOS; None: none). Returns the rows that were running."""
         running = [b for b, stopped in enumerate(self.stopped) if not stopped]
         for b in running:
             self.sizes[b] += counts[b]
-            self.stopped[b] = self.sizes[b] - self.prompt_len >= self.max_new_tokens or bool(hit and hit[b])
+            self.stopped[b] = self.sizes[b] - self.prompt_len >= self.limits[b] or bool(hit and hit[b])
         return running
 
     def emitted(self) -> list:
-        """Each row's new tokens so far, cut at max_new_tokens and just after its first EOS (nothing after EOS is
-        emitted); the buffer is read once."""
+        """Each row's new tokens so far, cut at its max_new_tokens and just after its first EOS (nothing after EOS
+        is emitted); the buffer is read once."""
         rows = self.seq[:, self.prompt_len: self.prompt_len + self.max_new_tokens].tolist()
         out = []
-        for row, size in zip(rows, self.sizes):
-            new = row[: size - self.prompt_len]
+        for row, size, limit in zip(rows, self.sizes, self.limits):
+            new = row[: min(size - self.prompt_len, limit)]
             end = next((i + 1 for i, token in enumerate(new) if token in self.eos), len(new))
             out.append(torch.tensor(new[:end], dtype=torch.long))
         return out
@@ -306,6 +421,15 @@ class Decoding:
         stats.new_tokens = sum(len(s) for s in out)
         stats.total_seconds = clock.total(start)
         return Generation(out, stats)
+
+
+def reset_cache(lm, batch_size: int, padding: list[int] | None) -> None:
+    """An empty cache for a run; ``padding`` (left pads per row) is handed over only when some row has pads, so
+    that protocol objects whose ``reset`` takes no padding run unpadded batches as before."""
+    if padding is None:
+        lm.reset(batch_size)
+    else:
+        lm.reset(batch_size, padding=padding)
 
 
 def read_together(*values: torch.Tensor | None) -> list:
@@ -326,19 +450,25 @@ def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch
 
 
 # ---------------------------------------------------------------- the loop
-def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_tokens: int = 128,
-                         sampling: SamplingParams = SamplingParams(), seed: int = 0, eos_token_id=None,
-                         ignore_eos: bool = False, timed: bool = True, verifier: Verifier = EXACT,
+def speculative_generate(target, draft, input_ids, *, attention_mask=None, gamma: int = 4,
+                         max_new_tokens: int = 128, sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                         eos_token_id=None, ignore_eos: bool = False, timed: bool = True, verifier: Verifier = EXACT,
                          on_round: Callable[[list], None] | None = None) -> Generation:
     """Speculative decoding: ``draft`` proposes gamma tokens, ``target`` verifies them in one forward.
 
     target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's
     tokenizer, a toy model, or a Drafter (``NGramDraft``, ``LayerSkipDraft``, a head, a tree drafter). input_ids:
-    (T,) or (B, T); batches of more than one row need toy models (Hugging Face caches roll back all rows together).
-    With ``sampling.temperature == 0`` the output is the target's own greedy output, token for token (bitwise
-    where the target's forwards are batch-invariant, see ``load_model``). A row ends at max_new_tokens or just
-    after an end-of-sequence token: by default the target's own (its generation config's ``eos_token_id``, as
-    transformers' ``generate``; none for the toy models), else ``eos_token_id`` (an id or a list);
+    (T,) or (B, T). A batch of prompts of different lengths comes left-padded with its ``attention_mask`` (B, T), as
+    transformers' ``generate`` takes it (``check_padding``); each row is decoded as it would be alone. Batches run
+    on Hugging Face models on the dynamic cache (``lm.py``: masked slots) and on the toy models, with every chain
+    draft, the EAGLE and Medusa heads included (each row's features and head entries are its own, ``heads.py``);
+    token trees and the static cache run one prompt at a time (``check_pair``). With
+    ``sampling.temperature == 0`` each row's output is the target's own greedy output, token for token (bitwise
+    where the target's forwards are batch-invariant, see ``load_model``; a batch's forwards may round differently
+    from a lone prompt's, so a near-tie of the argmax can part a row from it). A row ends at max_new_tokens (an
+    integer, or a list: each row's own) or just after an end-of-sequence token: by default the target's own (its
+    generation config's ``eos_token_id``, as transformers' ``generate``; none for the toy models), else
+    ``eos_token_id`` (an id or a list);
     ``ignore_eos=True`` runs every row to max_new_tokens (equal work for timing). ``timed=False`` skips the per-round
     device synchronization (the stats' per-phase seconds then mean little on a GPU). ``verifier`` is the exact
     one unless a test hands in a broken one. ``on_round``, when given, is called after every round with each
@@ -347,7 +477,8 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     target_lm, drafter = as_language_model(target), as_drafter(draft, target).at(sampling)
     max_length, context_name = context_limit(target_lm, getattr(drafter, "lm", None))
     input_ids = check_request(input_ids, max_length, gamma, max_new_tokens, sampling, context_name)
-    check_pair(target, target_lm, drafter, input_ids, sampling)
+    input_ids, padding = check_padding(input_ids, attention_mask, target, sampling)
+    check_pair(target, target_lm, drafter, input_ids, sampling, padding)
     eos = end_tokens(target, eos_token_id, ignore_eos)
     one_round = tree_round if drafter.proposes_trees else chain_round
 
@@ -356,8 +487,11 @@ def speculative_generate(target, draft, input_ids, *, gamma: int = 4, max_new_to
     input_ids = input_ids.to(target_lm.device)
     run = Decoding.start(input_ids, max_new_tokens, 2 * gamma + 2, eos)
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
-    target_lm.reset(input_ids.shape[0])
-    drafter.begin(input_ids)
+    reset_cache(target_lm, input_ids.shape[0], padding)
+    if padding is None:  # drafters whose begin takes no padding run unpadded batches as before
+        drafter.begin(input_ids)
+    else:
+        drafter.begin(input_ids, padding=padding)
     while not run.done:
         one_round(target_lm, drafter, run, gamma, sampling, generator, stats, clock, verifier)
         if on_round is not None:
@@ -448,24 +582,25 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     stats.record([len(path)], [tree.size - 1], t1 - t0, clock.now() - t1, depth=max(tree.depth_list()))
 
 
-def autoregressive_generate(target, input_ids, *, max_new_tokens: int = 128,
+def autoregressive_generate(target, input_ids, *, attention_mask=None, max_new_tokens: int = 128,
                             sampling: SamplingParams = SamplingParams(), seed: int = 0,
                             eos_token_id=None, ignore_eos: bool = False, timed: bool = True,
                             on_round: Callable[[list], None] | None = None) -> Generation:
     """The baseline: one target forward per token, through the same wrapper, sampling rule and generator;
-    ``eos_token_id``, ``ignore_eos`` and ``on_round`` as in ``speculative_generate`` (``on_round`` is called after
-    every token)."""
+    ``attention_mask`` (a left-padded batch), ``eos_token_id``, ``ignore_eos`` and ``on_round`` as in
+    ``speculative_generate`` (``on_round`` is called after every token)."""
     target_lm = as_language_model(target)
     max_length, context_name = context_limit(target_lm)
     input_ids = check_request(input_ids, max_length, 1, max_new_tokens, sampling, context_name)
-    check_batch(input_ids, target_lm)
+    input_ids, padding = check_padding(input_ids, attention_mask, target, sampling)
+    check_batch(input_ids, padding, target_lm)
     eos = end_tokens(target, eos_token_id, ignore_eos)
 
     clock, stats = Clock(target_lm.device, synchronize=timed), GenerationStats()
     start = clock.now()
     run = Decoding.start(input_ids.to(target_lm.device), max_new_tokens, 4, eos)
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
-    target_lm.reset(run.seq.shape[0])
+    reset_cache(target_lm, run.seq.shape[0], padding)
     rows = torch.arange(run.seq.shape[0], device=run.seq.device)
     ones = torch.ones_like(rows)
     penalty = sampling.repetition_penalty != 1

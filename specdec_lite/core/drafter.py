@@ -1,6 +1,7 @@
 """Draft proposers behind one interface.
 
-``begin(input_ids)`` prepares for a new prompt; ``propose(seq, lengths, gamma, sampling, generator)`` returns
+``begin(input_ids, padding=None)`` prepares for new prompts (``padding``: each row's count of left pads, Python
+ints, or None when no row has any; the loop passes it only then); ``propose(seq, lengths, gamma, sampling, generator)`` returns
 ``(tokens (B, k), q)`` with k <= gamma and q (B, k, V) the distribution each token was drawn from, or None for
 point-mass drafts; ``rollback(kept)`` tells the drafter that row b's context is now ``seq[b, :kept[b] + 1]`` and
 that its cache may keep at most the first ``kept[b]`` tokens (the newest token has not been fed to anyone).
@@ -12,8 +13,9 @@ device).
 
 Feature-level drafts (``drafts/heads.py``) set ``uses_target_features``; the loop then also calls
 ``observe(hidden, first_position)`` after each target forward with the target's hidden states at the drafter's
-``feature_layers`` (B, n, layers x H) of the positions it fed, ``first_position`` onwards. The rollback that
-follows says which of them were kept.
+``feature_layers`` (B, n, layers x H) of the positions it fed, ``first_position`` onwards: a list of ints from a
+chain round (row b's first fed position; rows of a batch may start at different positions), an int from a tree
+round (batch 1). The rollback that follows says which of them were kept.
 """
 from __future__ import annotations
 
@@ -34,10 +36,10 @@ class Drafter:
     feature_layers = (-1,)  # with uses_target_features: the target's hidden states it reads (-1: the last)
     proposes_trees = False  # True: the loop calls propose_tree(seq, lengths, gamma, sampling, generator) -> Tree
 
-    def begin(self, input_ids: torch.Tensor) -> None:
+    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None) -> None:
         pass
 
-    def observe(self, hidden: torch.Tensor, first_position: int) -> None:
+    def observe(self, hidden: torch.Tensor, first_position: int | list[int]) -> None:
         pass
 
     def propose(self, seq, lengths, gamma, sampling, generator):
@@ -64,7 +66,7 @@ class ByTemperature(Drafter):
     def at(self, sampling: SamplingParams) -> Drafter:
         return self.greedy if sampling.greedy else self.sampled
 
-    def begin(self, input_ids: torch.Tensor) -> None:
+    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None) -> None:
         raise TypeError("ByTemperature holds two draftings: run the one at(sampling) returns "
                         "(speculative_generate does)")
 
@@ -118,9 +120,12 @@ class ModelDraft(Drafter):
         self.adaptive = adaptive  # when to stop drafting within a round (None: always gamma tokens)
         self._proposed, self._start, self._context = 0, None, []
 
-    def begin(self, input_ids: torch.Tensor) -> None:
-        self.lm.reset(input_ids.shape[0])
-        self._context = [input_ids.shape[1]] * input_ids.shape[0]
+    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None) -> None:
+        if padding is None:
+            self.lm.reset(input_ids.shape[0])
+        else:  # its cache masks the pads out, as the target's does
+            self.lm.reset(input_ids.shape[0], padding=padding)
+        self._context = [input_ids.shape[1]] * input_ids.shape[0]  # buffer lengths: the pads count
 
     def propose(self, seq, lengths, gamma, sampling: SamplingParams, generator):
         # catch up on what the cache has not seen: the prompt in the first round (the prefill), then 1 token

@@ -1,17 +1,21 @@
 """One small protocol every model is wrapped in, so toy models, tiny random models and real models run the
 same loop:
 
-- ``reset(batch_size)``: empty cache;
+- ``reset(batch_size)``: empty cache; wrappers that set ``takes_padding`` also take ``padding=[...]``, each row's
+  count of left pads (a left-padded batch, as transformers' ``generate`` takes it);
 - ``feed(tokens, num_logits=None)``: append tokens (B, n) to the cache, return next-token logits (B, n, V) for the
   fed positions (only the last ``num_logits`` of them when given); Hugging Face models also take
   ``hidden_layers=(...)`` and then return (logits, those layers' hidden states (B, n, layers x H) of all fed
   positions, -1 being the last, after the final norm), the features that feature-level drafts (``heads.py``) read;
 - ``crop(lengths)``: roll the cache back so row b keeps its first ``lengths[b]`` tokens;
-- ``cache_lengths()``: (B,) tokens each row's cache holds.
+- ``cache_lengths()``: (B,) tokens each row's cache holds (left pads included).
+
+Lengths count positions of the loop's token buffer, where row b's prompt starts after its left pads.
 
 The loop knows every length on the host (``decode.Decoding``), so it rolls caches back with ``crop_to`` and reads
-their lengths with ``cached_lengths``, both in Python ints: the Hugging Face wrapper keeps its length as an int
-and takes a list of ints, so a round's bookkeeping reads nothing from the device (a GPU would wait for each read).
+their lengths with ``cached_lengths``, both in Python ints: the Hugging Face wrapper keeps its rows' lengths as
+ints and takes a list of ints, so a round's bookkeeping reads nothing from the device (a GPU would wait for each
+read).
 
 ``vocab_size`` is the width of the logits the wrapper returns (the aligned vocabulary), ``max_length`` the
 context the model supports (None: unbounded).
@@ -22,6 +26,16 @@ transformers' ``DynamicCache`` (the default: it grows, and a rollback drops tens
 entries (the attention mask hides them until then). Its decode forwards can be compiled (``torch.compile``;
 on CUDA with ``mode="reduce-overhead"``, i.e. CUDA graphs), which pays at batch 1 on a GPU, where a step is
 bound by kernel launches. Both run the same loop, verifier and rollback.
+
+Batches on the dynamic cache, "masked slots": every feed appends the same number of slots to every row (the loop
+feeds every row the same count), and a per-row slot mask (B, S) says which slots hold a token of the row; left pads
+and rolled-back tokens are holes. A rollback marks each row's last dropped tokens as holes (no copy), trims the
+slots that are holes in every row, and compacts the cache (valid slots first) when many slots are holes. Each token
+takes as position the number of tokens of its row before it (pads excluded: a prompt starts at 0, as with
+``generate``), and the forward gets the mask as its 2-D ``attention_mask``. The mask sits on the model's device; a
+host copy takes the same steps, so that the bookkeeping (each row's length, what to trim, when to compact) reads
+nothing from the device. While every row holds the same tokens with no hole (batch 1 always) there is no mask at
+all, and a feed or rollback is the plain one. The static cache runs batch 1.
 """
 from __future__ import annotations
 
@@ -144,7 +158,11 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 class HFCausalLM:
     """Any Hugging Face causal LM; the KV cache is transformers' ``DynamicCache``, or a ``StaticCache`` for models
-    given to ``use_static_cache``; both roll back with ``crop`` (a negative count)."""
+    given to ``use_static_cache``; both roll back with ``crop`` (a negative count). On the dynamic cache, rows may
+    hold different numbers of tokens (masked slots, see the module's text)."""
+
+    takes_padding = True  # reset(batch_size, padding=[left pads per row])
+    compact_min = 16  # compact when at least this many slots, and more than a quarter of them, can go
 
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, role: str = "target"):
         self.model = model
@@ -158,20 +176,37 @@ class HFCausalLM:
             self.context_name = f"the static cache's {self.static.max_length} preallocated tokens"
         self.cache: DynamicCache | StaticCache | None = None
         self._cache_kwarg = cache_keyword(model)
-        self.length = 0
+        self.length = 0  # slots in the cache, the same for every row (a row's tokens, while there is no mask)
         self.batch_size = 0
+        self.padding: list[int] = []  # left pads of each row (the first ``padding[b]`` tokens of its prompt)
+        self.mask = None  # (B, length) bool on the model's device: the slots that hold a token of each row
+        self.host_mask = None  # the same on the host, for the bookkeeping; both None: every slot holds one
+        self.rows: list[int] = []  # with a mask: each row's length (pads included), as Python ints
+
+    @property
+    def ragged_batches(self) -> bool:
+        """Whether rows may hold different numbers of tokens: on the dynamic cache (the static one runs batch 1)."""
+        return self.static is None
 
     @property
     def device(self) -> torch.device:
         return model_device(self.model)
 
-    def reset(self, batch_size: int) -> None:
+    def reset(self, batch_size: int, padding: list[int] | None = None) -> None:
+        """An empty cache for ``batch_size`` rows; ``padding``: each row's count of left pads (Python ints), which
+        come with the first feed (the prompt) and are masked out."""
+        if padding is not None and (len(padding) != batch_size or min(padding) < 0):
+            raise ValueError(f"padding must give {batch_size} counts >= 0 (left pads per row), got {padding}")
         self.cache = self._static_cache(batch_size) if self.static else DynamicCache(config=self.model.config)
         check_full_attention(self.cache, StaticLayer if self.static else DynamicLayer, self.model,
                              "cannot be rolled back exactly")
         self.length = 0
         self.batch_size = batch_size
         self.input_device = self.device  # where logits go back to, looked up once per generation
+        self.padding = list(padding) if padding is not None else [0] * batch_size
+        self.mask = self.host_mask = None
+        if any(self.padding):
+            self._start_mask(rows=[0] * batch_size)  # an empty cache holds no pads yet
 
     def _static_cache(self, batch_size: int) -> StaticCache:
         key = (self.role, batch_size)
@@ -205,10 +240,29 @@ class HFCausalLM:
         forward = self._forward(tokens.shape[1])
         if forward is not self.model:  # a slice of the token buffer keeps its strides: a new graph for each width
             tokens = tokens.clone(memory_format=torch.contiguous_format)
+        masked = {} if self.mask is None else self._masked_inputs(tokens.shape[1])
         out = forward(input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
-                      output_hidden_states=hidden_layers is not None, **{self._cache_kwarg: self.cache})
+                      output_hidden_states=hidden_layers is not None, **masked, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
         return self._returned(out, forward, hidden_layers)
+
+    def _masked_inputs(self, n: int) -> dict:
+        """The mask grown by the ``n`` slots about to be fed (holes where they are left pads), and the forward's
+        ``attention_mask`` and ``position_ids`` (each token's position: its row's tokens before it)."""
+        host_new = self._fed_slots(n)
+        new = host_new.to(self.mask.device, non_blocking=True)  # from pageable memory: copied at once, no wait
+        self.host_mask = torch.cat([self.host_mask, host_new], dim=1)
+        self.mask = torch.cat([self.mask, new], dim=1)
+        self.rows = [row + n for row in self.rows]
+        positions = (self.mask.cumsum(1)[:, -n:] - 1).clamp(min=0)  # a pad's position is never read
+        return {"attention_mask": self.mask, "position_ids": positions}
+
+    def _fed_slots(self, n: int) -> torch.Tensor:
+        """(B, n) host bools: which of the next ``n`` slots of each row hold a token, not a left pad."""
+        if all(row >= pad for row, pad in zip(self.rows, self.padding)):
+            return torch.ones(self.batch_size, n, dtype=torch.bool)
+        positions = torch.tensor(self.rows)[:, None] + torch.arange(n)[None, :]  # in the token buffer
+        return positions >= torch.tensor(self.padding)[:, None]
 
     def _returned(self, out, forward, hidden_layers: tuple | None, rows: int | None = None):
         """The logits (and the hidden states at ``hidden_layers``) of the first ``rows`` fed positions (None: all)
@@ -228,6 +282,8 @@ class HFCausalLM:
         at ``hidden_layers``). On the static cache the mask is widened to the preallocated length and, when
         compiled, the rows are padded to a ``TREE_ROWS`` budget (``static_tree_inputs``); the padding's cache
         entries are dropped at once."""
+        if self.mask is not None:
+            raise NotImplementedError("token trees run one prompt at a time, without padding")
         F = tokens.shape[1]
         if self.static is not None:
             tokens, mask, position_ids = self.static_tree_inputs(tokens, mask, position_ids)
@@ -277,13 +333,19 @@ class HFCausalLM:
         self.crop([start + m] * self.batch_size)
 
     def crop(self, lengths) -> None:
-        """``lengths``: a list of ints (what the loop gives: nothing to read) or a (B,) tensor (read once)."""
+        """``lengths``: a list of ints (what the loop gives: nothing to read) or a (B,) tensor (read once). While
+        there is no mask and every row keeps as many tokens, the slots past them are dropped; else the rows'
+        dropped tokens become holes (``_crop_rows``)."""
         sizes = lengths.tolist() if torch.is_tensor(lengths) else list(lengths)
-        target = max(sizes)
-        if min(sizes) != target:
-            raise NotImplementedError(
-                "Hugging Face caches roll back all rows to one length; run real models with batch size 1 "
-                "(ragged batches are supported by the toy models only)")
+        if self.mask is None:
+            keep = sizes[0] - self.padding[0]
+            if all(size - pad == keep for size, pad in zip(sizes, self.padding)):
+                return self._crop_all(keep)
+            self._start_mask(rows=self.row_lengths())
+        self._crop_rows(sizes)
+
+    def _crop_all(self, target: int) -> None:
+        """Every row keeps its first ``target`` slots."""
         if target == self.length:
             return
         if target > self.length:
@@ -291,12 +353,82 @@ class HFCausalLM:
         self.cache.crop(target - self.length)  # a negative count removes that many tokens (static: moves the length)
         self.length = target
 
+    def _start_mask(self, rows: list[int]) -> None:
+        """Every slot holds a token of its row, which is ``rows[b]`` long: the mask from now on."""
+        if self.static is not None:
+            raise NotImplementedError("the static cache rolls back all rows together and takes no padding: run a "
+                                      "batch on the dynamic cache (load_model(..., cache='dynamic') or "
+                                      "use_dynamic_cache(model))")
+        self.host_mask = torch.ones(self.batch_size, self.length, dtype=torch.bool)
+        self.mask = torch.ones(self.batch_size, self.length, dtype=torch.bool, device=self.input_device)
+        self.rows = list(rows)
+
+    def _crop_rows(self, sizes: list[int]) -> None:
+        """Row b keeps its first ``sizes[b]`` tokens: the others become holes; then the slots that are holes in
+        every row go, the cache is compacted if that pays, and the mask goes once every slot holds a token."""
+        if sizes == self.rows:
+            return
+        if any(size > row for size, row in zip(sizes, self.rows)):
+            raise ValueError(f"cannot roll rows of {self.rows} tokens forward to {sizes}")
+        if any(size < pad for size, pad in zip(sizes, self.padding)):
+            raise ValueError(f"cannot roll rows back to {sizes}, into their left padding {self.padding}")
+        self._mark_holes([size - pad for size, pad in zip(sizes, self.padding)])
+        self.rows = list(sizes)
+        self._trim()
+        self._compact_if_worth()
+        if self.host_mask.all():  # every slot holds a token of its row: plain feeds again
+            self.mask = self.host_mask = None
+
+    def _mark_holes(self, keep: list[int]) -> None:
+        """Row b keeps its first ``keep[b]`` tokens; its later valid slots become holes, on both masks."""
+        counts = torch.tensor(keep)
+        self.host_mask = keep_first(self.host_mask, counts)
+        self.mask = keep_first(self.mask, counts.to(self.mask.device, non_blocking=True))
+
+    def _trim(self) -> None:
+        """Drop the last slots where they are holes in every row."""
+        used = self.host_mask.any(0).nonzero()
+        width = int(used[-1]) + 1 if len(used) else 0
+        if width < self.length:
+            self.cache.crop(width - self.length)
+            self.mask, self.host_mask = self.mask[:, :width], self.host_mask[:, :width]
+            self.length = width
+
+    def _compact_if_worth(self) -> None:
+        """When packing every row's tokens to the left would free at least ``compact_min`` slots, and more than a
+        quarter of them: do it (each layer's keys and values gathered per row, its tokens first, in order)."""
+        counts = self.host_mask.sum(1)
+        width = int(counts.max())
+        saved = self.length - width
+        if saved < self.compact_min or 4 * saved <= self.length:
+            return
+        order = torch.sort(self.mask.logical_not().to(torch.uint8), dim=1, stable=True).indices[:, :width]
+        moved = {}  # the index on each device the cache's layers sit on, copied there once
+        for layer in self.cache.layers:
+            index = moved.setdefault(layer.keys.device, order.to(layer.keys.device))
+            index = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
+        self.mask = torch.arange(width, device=self.mask.device)[None, :] < self.mask.sum(1, keepdim=True)
+        self.host_mask = torch.arange(width)[None, :] < counts[:, None]
+        self.length = width
+
+    def row_lengths(self) -> list[int]:
+        """Each row's length (left pads and tokens), as Python ints: nothing is read from the device."""
+        if self.mask is None:
+            return [pad + self.length for pad in self.padding]
+        return list(self.rows)
+
     def cache_lengths(self) -> torch.Tensor:
-        return torch.full((self.batch_size,), self.length, dtype=torch.long)
+        return torch.tensor(self.row_lengths(), dtype=torch.long)
 
     def cache_seq_length(self) -> int:
         """What the transformers cache itself reports (for the cache-truth tests)."""
         return int(self.cache.get_seq_length()) if self.cache is not None else 0
+
+
+def keep_first(mask: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``mask`` (B, S) with only the first ``counts[b]`` True slots of each row left True."""
+    return mask & (mask.cumsum(1) <= counts[:, None])
 
 
 def gather_tail(seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
@@ -306,18 +438,18 @@ def gather_tail(seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tenso
 
 
 def tail(seq: torch.Tensor, lengths: list[int], n: int) -> torch.Tensor:
-    """``gather_tail`` with the lengths as Python ints: a slice when the rows are equally long (always for real
-    models, which run at batch 1), else a gather."""
+    """``gather_tail`` with the lengths as Python ints: a slice when the rows are equally long (always at batch 1),
+    else a gather (the lengths copied to the device without waiting for it)."""
     if min(lengths) == max(lengths):
         return seq[:, lengths[0] - n: lengths[0]]
-    return gather_tail(seq, torch.tensor(lengths, device=seq.device), n)
+    return gather_tail(seq, torch.tensor(lengths).to(seq.device, non_blocking=True), n)
 
 
 def cached_lengths(lm) -> list[int]:
-    """The tokens each row's cache holds, as Python ints: the Hugging Face wrapper's own count, else read from
-    ``cache_lengths()`` (the toy models, on the CPU)."""
+    """The tokens each row's cache holds (left pads included), as Python ints: the Hugging Face wrapper's own
+    counts, else read from ``cache_lengths()`` (the toy models, on the CPU)."""
     if isinstance(lm, HFCausalLM):
-        return [lm.length] * lm.batch_size
+        return lm.row_lengths()
     return lm.cache_lengths().tolist()
 
 
@@ -333,7 +465,7 @@ def feed_unseen(lm, seq: torch.Tensor, lengths: list[int], extra: torch.Tensor |
     tokens), followed by ``extra`` (B, k); rows are cropped to a common count so that one forward serves all.
     ``lengths``: each row's valid length, Python ints (nothing is read from the device). Returns the logits of the
     last ``num_logits`` fed positions; with ``hidden_layers``, (logits, those hidden states of every fed position,
-    position of the first fed token)."""
+    each row's buffer position of its first fed token: a list of ints, ``lengths[b] - missing``)."""
     missing = max(length - have for length, have in zip(lengths, cached_lengths(lm)))
     crop_to(lm, [length - missing for length in lengths])
     tokens = tail(seq, lengths, missing)
@@ -342,7 +474,7 @@ def feed_unseen(lm, seq: torch.Tensor, lengths: list[int], extra: torch.Tensor |
     if hidden_layers is None:
         return lm.feed(tokens, num_logits=num_logits)
     logits, hidden = lm.feed(tokens, num_logits=num_logits, hidden_layers=hidden_layers)
-    return logits, hidden, max(lengths) - missing
+    return logits, hidden, [length - missing for length in lengths]
 
 
 def is_language_model(obj) -> bool:

@@ -29,3 +29,17 @@ def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
             "tokenizer; pick a draft from the same model family or train one with the target's tokenizer")
     raise ValueError("the draft's tokenizer has different special tokens from the target's; use the target's "
                      "tokenizer for both")
+
+
+def chat_ids(tokenizer, text: str | list, device="cpu"):
+    """(1, T) token ids of ``text`` as a user turn (or of a list of chat messages, ``{"role", "content"}``) with
+    the tokenizer's chat template and the assistant prefix; for tokenizers without a chat template, plain
+    tokenization (of the messages' contents, one per line). The notebooks, the scripts and the server all format
+    prompts here."""
+    messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]
+    else:
+        ids = tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt")["input_ids"]
+    return ids.to(device)

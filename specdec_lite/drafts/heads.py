@@ -18,6 +18,13 @@ predicts f'_{L-1} and so draft 1; then (f'_{L-1}, draft 1) predicts f'_L and dra
 from predicted features are dropped at the rollback: the next round re-feeds those positions with real ones.
 Until the target has run once there are no features, so the first round proposes nothing (it is the prefill).
 
+Batches (left-padded prompts of different lengths, rows that accept different numbers of drafts): the same time
+line per row, in buffer positions, with every length a host int (``FeatureDraft``: per-row feature counts, the
+loop's per-row first fed positions; ``EagleDraft``: a ``MaskedHeadCache`` whose key mask hides the pads', already
+made and rolled-back entries, positions counted from each row's first real token). A row's q is the one its prompt
+gets alone (tests/test_batched.py). Batch 1 keeps the plain path (no mask, no per-row bookkeeping); token trees
+(``trees.py``) run at batch 1 only.
+
 Checkpoints are folders with ``head_config.json``, ``head.safetensors`` and a model card (``README.md``);
 ``load_head(path_or_name, target)`` refuses a head trained for another target (hidden size, vocabulary or the
 recorded fingerprint of the target's weights).
@@ -119,16 +126,78 @@ class HeadCache:
             cache.crop(length)
 
 
+class MaskedHeadCache(HeadCache):
+    """A head's caches for a batch whose rows hold different numbers of entries (``EagleDraft`` at batch > 1):
+    every forward appends the same number of slots to every row, and ``index`` (B, S), on the host, says what each
+    slot holds: the buffer position i of its row's entry (made from (f_i, token i+1)), or -1, a hole (a left pad's
+    entry, one the row had already made, a rolled-back one). ``valid`` is ``index >= 0`` on the model's device, the
+    keys a query may see. ``keep`` rolls rows back by making holes; the slots that are holes in every row are
+    trimmed, and the rows are packed to the left (valid slots first, in order) when that frees at least
+    ``compact_min`` slots and more than ``compact_share`` of them. The bookkeeping reads nothing from the device."""
+
+    compact_min, compact_share = 16, 0.25
+
+    def __init__(self, layers: int, batch_size: int, device):
+        super().__init__(layers)
+        self.index = torch.empty(batch_size, 0, dtype=torch.long)
+        self.valid = torch.empty(batch_size, 0, dtype=torch.bool, device=device)
+
+    def admit(self, index: torch.Tensor) -> torch.Tensor:
+        """Slots for the next forward: ``index`` (B, n) host longs, each new slot's buffer position (-1: a hole).
+        Returns the forward's attention mask (B, 1, n, S + n): new slot j sees its row's valid slots, the valid new
+        ones up to itself, and itself (a hole's query sees a key, so nothing is NaN; its output is never read)."""
+        n, device = index.shape[1], self.valid.device
+        fresh = index >= 0
+        new = (torch.ones(fresh.shape, dtype=torch.bool, device=device) if bool(fresh.all())
+               else fresh.to(device, non_blocking=True))  # from pageable memory: copied at once, no wait
+        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        own = torch.eye(n, dtype=torch.bool, device=device)
+        allowed = torch.cat([self.valid[:, None, :].expand(-1, n, -1), (causal & new[:, None, :]) | own], dim=2)
+        self.index = torch.cat([self.index, index], dim=1)
+        self.valid = torch.cat([self.valid, new], dim=1)
+        return allowed[:, None]
+
+    def keep(self, counts: list[int]) -> None:
+        """Row b keeps its entries of buffer positions below ``counts[b]``; the others become holes."""
+        self.index = torch.where(self.index < torch.tensor(counts)[:, None], self.index, -1)
+        used = (self.index >= 0).any(0).nonzero()
+        width = int(used[-1]) + 1 if len(used) else 0
+        if width < self.length:
+            self.crop(width)
+            self.index = self.index[:, :width]
+        self.compact_if_worth()
+        self.valid = (self.index >= 0).to(self.valid.device, non_blocking=True)
+
+    def compact_if_worth(self) -> None:
+        """Pack each row's valid slots to the left, in order, when that frees enough slots (``compact_min``, and
+        more than ``compact_share`` of them)."""
+        width = int((self.index >= 0).sum(1).max()) if self.index.numel() else 0
+        saved = self.length - width
+        if saved < max(self.compact_min, 1) or saved <= self.compact_share * self.length:
+            return
+        order = torch.sort((self.index < 0).to(torch.uint8), dim=1, stable=True).indices[:, :width]
+        self.index = self.index.gather(1, order)
+        moved = {}  # the order on each device the layers sit on, copied there once
+        for cache in self.layers:
+            at = moved.setdefault(cache.k.device, order.to(cache.k.device, non_blocking=True))
+            at = at[:, None, :, None].expand(-1, cache.k.shape[1], -1, cache.k.shape[3])
+            cache.k, cache.v = cache.k.gather(2, at), cache.v.gather(2, at)
+
+
 def rotary_tables(positions, d: int, theta: float, dtype) -> tuple:
     """(cos, sin), each (n, d), of the rotary position embedding (rotate-half layout) at integer positions (n,):
-    computed once per head forward and shared by its layers' queries and keys."""
+    computed once per head forward and shared by its layers' queries and keys. Positions (B, n), one row of
+    positions per batch row (a batch whose rows hold different numbers of tokens), give tables (B, 1, n, d)."""
     inv_freq = theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)
+    if positions.dim() == 2:
+        angles = positions.float()[:, None, :, None] * inv_freq  # (B, 1, n, d/2): broadcast over the heads
+        return angles.cos().repeat(1, 1, 1, 2).to(dtype), angles.sin().repeat(1, 1, 1, 2).to(dtype)
     angles = positions.float()[:, None] * inv_freq[None, :]  # (n, d/2)
     return angles.cos().repeat(1, 2).to(dtype), angles.sin().repeat(1, 2).to(dtype)
 
 
 def rotate(x, rotary: tuple):
-    """x (B, heads, n, d) rotated by the tables ``rotary_tables`` made for its n positions."""
+    """x (B, heads, n, d) rotated by the tables ``rotary_tables`` made for its n positions (or each row's)."""
     cos, sin = rotary
     d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
@@ -154,7 +223,7 @@ class DecoderLayer(nn.Module):
     def forward(self, x, rotary: tuple, cache: KVCache | None = None, allowed: torch.Tensor | None = None):
         """x (B, n, H) at the positions the tables ``rotary`` were made for; with a cache, the new entries are
         appended and new token j sees the cache and the new tokens up to itself, or what ``allowed`` (n, cache
-        length after appending) says."""
+        length after appending; or (B, 1, n, that length), one mask per row: ``MaskedHeadCache.admit``) says."""
         q, k, v = self.project(x, rotary)
         if cache is None:
             return self.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
@@ -341,7 +410,21 @@ class OutputLayer:
 
 
 class FeatureDraft(Drafter):
-    """Shared plumbing: the target's features of every kept position, and the first-round rule."""
+    """Shared plumbing: the target's features of every kept position, and the first-round rule.
+
+    ``features`` (B, P, H) holds the target's features by position of the loop's token buffer (row b's prompt
+    starts after its ``padding[b]`` left pads). At batch 1 (no padding) ``observe`` appends the fresh features at
+    ``first_position`` and ``rollback`` crops them to the kept count: P is the context's length minus one.
+
+    In a batch (``begin`` given B > 1 rows or left pads: ``batched``) rows hold different numbers of positions:
+    ``known[b]`` (Python ints) says row b's features are those of positions 0..known[b]-1. The loop's ``observe``
+    gives each row's first fed position (a list: row b was fed from ``lengths[b] - missing`` on, see
+    ``lm.feed_unseen``) and the fresh features are written there, row by row (P is the longest row's count; a
+    shorter row's later columns are stale and never read); ``rollback`` lowers each row's count to what it kept.
+    Row b's context is then known[b] + 1 tokens long: no length is read from the device. The pads' features
+    (positions below padding[b]) are kept but never read: the EAGLE head masks their entries out, Medusa reads
+    each row's last feature.
+    """
 
     uses_target_features = True
 
@@ -356,21 +439,65 @@ class FeatureDraft(Drafter):
         self.features = None  # (B, P, H): the target's features of positions 0..P-1 (fused, as the head reads them)
         self.target = target
         self.feature_layers = tuple(cfg.feature_layers) or (-1,)
+        self.batched, self.padding, self.known = False, [0], [0]  # until ``begin``: one prompt
 
-    def begin(self, input_ids):
+    def begin(self, input_ids, padding=None):
         self.features = None
+        rows = input_ids.shape[0]
+        self.batched = rows > 1 or padding is not None  # rows may hold different numbers of positions
+        self.padding = list(padding) if padding is not None else [0] * rows
+        self.known = [0] * rows  # batched: each row's count of positions whose features are kept
 
     @torch.inference_mode()  # no autograd graph through the head's fusion in the loop
-    def observe(self, hidden, first_position: int) -> None:
+    def observe(self, hidden, first_position: int | list[int]) -> None:
+        """The target's hidden states (B, n, layers x H) of the positions it was just fed, from ``first_position``
+        on: an int (every row) or a list of ints (row b's first position)."""
         fresh = self.head.real_features(hidden.to(self.head_dtype))
-        kept = self.features[:, :first_position] if self.features is not None else fresh[:, :0]
-        if kept.shape[1] != first_position:
-            raise RuntimeError(f"features of positions {kept.shape[1]}..{first_position - 1} are missing")
+        if self.batched:
+            return self.observe_rows(fresh, first_position)
+        first = first_position if isinstance(first_position, int) else first_position[0]
+        kept = self.features[:, :first] if self.features is not None else fresh[:, :0]
+        if kept.shape[1] != first:
+            raise RuntimeError(f"features of positions {kept.shape[1]}..{first - 1} are missing")
         self.features = torch.cat([kept, fresh], dim=1)
 
+    def observe_rows(self, fresh: torch.Tensor, first_position: int | list[int]) -> None:
+        """``observe`` in a batch: row b's fresh features go to positions first[b].. (host ints throughout)."""
+        B, n, H = fresh.shape
+        firsts = [first_position] * B if isinstance(first_position, int) else list(first_position)
+        for b, (first, known) in enumerate(zip(firsts, self.known)):
+            if first > known:
+                raise RuntimeError(f"features of row {b}'s positions {known}..{first - 1} are missing")
+        ends = [first + n for first in firsts]
+        have = 0 if self.features is None else self.features.shape[1]
+        if self.features is None or max(ends) > have:  # a new tensor, owned here, wide enough for every row
+            kept = fresh[:, :0] if self.features is None else self.features
+            self.features = torch.cat([kept, fresh.new_zeros(B, max(ends) - have, H)], dim=1)
+        if min(firsts) == max(firsts):
+            self.features[:, firsts[0]: ends[0]] = fresh
+        else:
+            at = (torch.tensor(firsts)[:, None] + torch.arange(n)[None, :]).to(fresh.device, non_blocking=True)
+            self.features.scatter_(1, at[..., None].expand(-1, -1, H), fresh)
+        self.known = ends
+
     def rollback(self, kept: list[int]) -> None:
-        if self.features is not None:
+        if self.features is None:
+            return
+        if self.batched:
+            self.known = [min(known, k) for known, k in zip(self.known, kept)]
+            self.features = self.features[:, : max(self.known)]
+        else:
             self.features = self.features[:, : min(kept)]
+
+    def last_features(self) -> torch.Tensor:
+        """(B, H): each row's feature of the last position the target has run over (its context's length minus
+        two), a slice when the rows hold as many positions (always at batch 1), else a gather."""
+        if not self.batched:
+            return self.features[:, -1]
+        if min(self.known) == max(self.known):
+            return self.features[:, self.known[0] - 1]
+        at = torch.tensor([known - 1 for known in self.known]).to(self.features.device, non_blocking=True)
+        return self.features.gather(1, at[:, None, None].expand(-1, 1, self.features.shape[-1]))[:, 0]
 
     def proposal_length(self, gamma: int) -> int:
         """Drafts per round once features exist."""
@@ -405,22 +532,45 @@ class FeatureDraft(Drafter):
 
 
 class EagleDraft(FeatureDraft):
-    """Drafts gamma tokens autoregressively on predicted features; its KV cache keeps real-feature entries only."""
+    """Drafts gamma tokens autoregressively on predicted features; its KV cache keeps real-feature entries only.
+
+    At batch 1 (no padding) the cache is a ``HeadCache``: entry i, made from (f_i, token i+1) at position i, for
+    i < ``real_length``; a proposal catches up on the positions it lacks, drafts, and the rollback crops.
+
+    In a batch (``FeatureDraft.batched``) rows hold different numbers of entries. The cache is a
+    ``MaskedHeadCache`` (per-row slots and a key mask) and ``real_rows[b]`` counts the positions whose entries row
+    b has made. Each entry takes as position i - padding[b], counted from the row's first real token as the
+    target counts it, so a row's entries are those it would make alone. A proposal catches up first: every row
+    gets m slots, m the most entries any row lacks, row b those of positions L_b - 1 - m .. L_b - 2 (L_b its
+    context's length, known[b] + 1); the slots of entries it has made already, of its left pads (i <
+    padding[b]) and of positions before the buffer are holes, so each row gains exactly the entries it lacks,
+    and the last slot, i = L_b - 2, gives its first draft. Each drafting step then appends one slot to every
+    row, at position L_b - 1 + i - padding[b]. A query sees its row's valid slots and itself
+    (``MaskedHeadCache.admit``). The rollback keeps row b's entries of positions below min(real_rows[b],
+    kept[b]) (those made from predicted features go, as at batch 1). Every length is a host int.
+    """
 
     def __init__(self, head: EagleHead, cfg: HeadConfig, target: nn.Module, vocab_ids=None):
         super().__init__(head, cfg, target, vocab_ids)
         self.embed = target.get_input_embeddings()
         self.cache, self.real_length = self.head.new_cache(), 0
 
-    def begin(self, input_ids):
-        super().begin(input_ids)
-        self.cache = self.head.new_cache()
+    def begin(self, input_ids, padding=None):
+        super().begin(input_ids, padding)
         self.real_length = 0  # cache entries made from real (target) features
+        if self.batched:
+            device = next(self.head.parameters()).device
+            self.cache = MaskedHeadCache(len(self.head.layers), input_ids.shape[0], device)
+            self.real_rows = [0] * input_ids.shape[0]
+        else:
+            self.cache = self.head.new_cache()
 
     @torch.inference_mode()
     def propose(self, seq, lengths, gamma, sampling, generator):
         if self.features is None:  # the target has not run yet: this round is the prefill
             return seq.new_zeros(seq.shape[0], 0), None
+        if self.batched:
+            return self.propose_rows(seq, lengths, gamma, sampling, generator)
         L = self.features.shape[1] + 1  # the target has run over every position but the newest token's
         predicted = self.catch_up(seq, lengths)
         tokens, qs = [], []
@@ -444,6 +594,46 @@ class EagleDraft(FeatureDraft):
         self.real_length = L - 1
         return predicted
 
+    def propose_rows(self, seq, lengths, gamma, sampling, generator):
+        """``propose`` in a batch: each row drafts from its own context, L_b = known[b] + 1 tokens."""
+        contexts = [known + 1 for known in self.known]
+        predicted = self.catch_up_rows(seq, contexts)
+        drafted = torch.tensor(contexts) - 1  # each row's buffer position of its first drafted entry
+        positions = (drafted - torch.tensor(self.padding)).to(seq.device, non_blocking=True)
+        tokens, qs = [], []
+        for i in range(gamma):
+            x_i, q_i = draw(self.output.logits(predicted[:, -1]), seq, lengths, tokens, sampling, generator)
+            tokens.append(x_i)
+            qs.append(q_i)
+            if i < gamma - 1:  # (predicted feature, draft i) -> the next predicted feature, in every row
+                allowed = self.cache.admit((drafted + i)[:, None])
+                predicted = self.head(predicted, self.embed(x_i[:, None]), (positions + i)[:, None], self.cache,
+                                      allowed)
+        return torch.stack(tokens, 1), torch.stack(qs, 1)
+
+    def catch_up_rows(self, seq, contexts: list[int]) -> torch.Tensor:
+        """``catch_up`` in a batch: row b's entries of positions real_rows[b]..L_b - 2, fed in one head forward
+        (the class's text); returns each row's predicted feature f'_{L_b - 1} (B, 1, H)."""
+        lacking = max(L - 1 - made for L, made in zip(contexts, self.real_rows))
+        m = max(lacking, 1)  # rows that stopped lack none: they re-feed their last entry, as a hole
+        index = torch.tensor(contexts)[:, None] - 1 - m + torch.arange(m)[None, :]  # (B, m) buffer positions
+        slots = self.entry_slots(index)
+        positions = (index - torch.tensor(self.padding)[:, None]).clamp(min=0)
+        moved = torch.stack([index.clamp(min=0), positions]).to(seq.device, non_blocking=True)
+        at, positions = moved[0], moved[1]
+        features = self.features.gather(1, at[..., None].expand(-1, -1, self.features.shape[-1]))
+        allowed = self.cache.admit(slots)
+        predicted = self.head(features, self.embed(seq.gather(1, at + 1)), positions, self.cache, allowed)[:, -1:]
+        self.real_rows = [L - 1 for L in contexts]
+        return predicted
+
+    def entry_slots(self, index: torch.Tensor) -> torch.Tensor:
+        """What the cache records of a catch-up's slots, at buffer positions ``index`` (B, m): the position, where
+        the row has not made that entry yet and it lies in the row's prompt or after it, else -1 (a hole: the
+        entry is there already, or it pairs a left pad's feature)."""
+        new = (index >= torch.tensor(self.real_rows)[:, None]) & (index >= torch.tensor(self.padding)[:, None])
+        return torch.where(new, index, -1)
+
     def reference_logits(self, context, proposals):
         """The head's logits (N, g, V) before each token of ``proposals`` (N, g) in a round from ``context``
         (1-D), computed from scratch: no cache, every step recomputes the whole sequence."""
@@ -460,17 +650,22 @@ class EagleDraft(FeatureDraft):
     def rollback(self, kept: list[int]) -> None:
         super().rollback(kept)
         # entries made from predicted features go, even for accepted drafts: next round re-feeds real ones
-        self.cache.crop(min(self.cache.length, self.real_length, min(kept)))
+        if self.batched:
+            self.real_rows = [min(made, k) for made, k in zip(self.real_rows, kept)]
+            self.cache.keep(self.real_rows)
+        else:
+            self.cache.crop(min(self.cache.length, self.real_length, min(kept)))
 
 
 class MedusaDraft(FeatureDraft):
-    """Proposes min(gamma, num_heads) tokens per round, all from the feature of the last fed position."""
+    """Proposes min(gamma, num_heads) tokens per round, all from the feature of the last fed position: in a batch,
+    each row's own (``FeatureDraft.last_features``); the heads keep no cache, so nothing else is per row."""
 
     @torch.inference_mode()
     def propose(self, seq, lengths, gamma, sampling, generator):
         if self.features is None:
             return seq.new_zeros(seq.shape[0], 0), None
-        predicted = self.head(self.features[:, -1])  # (B, num_heads, H)
+        predicted = self.head(self.last_features())  # (B, num_heads, H)
         logits = self.output.logits(predicted)
         tokens, qs = [], []
         for i in range(self.proposal_length(gamma)):

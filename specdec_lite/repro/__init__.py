@@ -7,6 +7,7 @@
                                  measured verification cost v(gamma) and draft cost c
   tasks, evaluate                evaluation prompts and chat templating; side-by-side runs and their summaries
   baseline                       the fastest plain decoding in the same run: what every speedup is over
+  batching                       throughput against batch size: plain batched decoding against each drafting (C15)
   bench, demo                    a timing harness against transformers, a short demonstration
   gpu_bench                      the GPU check's benchmark: real model shapes, eager against compiled
   endpoints                      OpenAI-compatible servers benchmarked side by side, and servers in subprocesses

@@ -13,7 +13,8 @@ Tolerances, in one place:
   C11  Spearman >= 0.8 and every task's acceptance at least the article's - 0.1
   C12  speedup >= 2.7 at alpha 0.8, gamma 4, c 0.05     C13  break-even 0.5-0.7, best gamma 4-6
   C14  shortest output gains at most 10%, at least 0.05 less than the longest
-  C15  v at the largest batch > v at batch 1 + 0.2 (05: gain at the highest concurrency < at the lowest - 0.05)
+  C15  v at the largest batch > v at batch 1 + 0.2 (05: gain at the highest concurrency < at the lowest - 0.05;
+       02: the best drafting's speedup at the largest batch < its speedup at batch 1 - 0.1)
   C16  penalty handled: within 1e-9
   C17  every TV distance > 1e-3     C18  every draft kind's acceptance drops by more than 0.05 along the output
   C19  v(4) <= 1.2    C20  the article's arithmetic within 0.1 ms    C21  EAGLE above Medusa
@@ -269,6 +270,51 @@ def c15_batch(gamma: int, by_batch) -> ClaimRow:
                     verdict(by_batch[col].iloc[-1] > by_batch[col].iloc[0] + 0.2),
                     "tolerance: v at the largest batch exceeds v at batch 1 by more than 0.2; the GPU serving part is "
                     "not testable here")
+
+
+C15_THROUGHPUT_TOLERANCE = 0.1  # the drop in speedup, batch 1 to the largest batch, that counts as shrinking
+
+
+def c15_throughput(table, v_by_batch=None) -> ClaimRow:
+    """C15 from measured throughput (notebook 02). ``table``: ``batching.batch_throughput`` rows (columns batch,
+    method, kind, speedup over the faster plain decoding at that batch size, skipped); ``v_by_batch``:
+    ``costs.by_batch`` (columns batch and v(gamma); None: not shown). The best drafting is the one with the highest
+    speedup at the smallest batch size among those measured there and at the largest; the claim holds when its
+    speedup at the largest batch is more than ``C15_THROUGHPUT_TOLERANCE`` below its speedup at the smallest."""
+    from . import batching
+
+    expected = "at large batch the gain shrinks or reverses (compute-bound)"
+    source = "000, 002, 003 (throughput)"
+    reason = (f"tolerance: the best drafting's speedup at the largest batch is more than {C15_THROUGHPUT_TOLERANCE} "
+              "below its speedup at the smallest; speedups over the faster of ours and transformers' plain batched "
+              "decoding at each batch size (greedy, same prompts, every row the same length)")
+    sizes = sorted(table["batch"].unique())
+    first, last = (sizes[0], sizes[-1]) if sizes else (None, None)
+    by_method = {m: batching.speedups_by_batch(table, m) for m in batching.draftings(table)}
+    comparable = {m: s for m, s in by_method.items() if first in s.index and last in s.index}
+    skipped = table[table["skipped"].fillna("").astype(str).str.len() > 0] if "skipped" in table else table.iloc[:0]
+    refused = "; ".join(f"{m} skipped at batch {', '.join(str(b) for b in rows.batch)}"
+                        for m, rows in skipped.groupby("method", sort=False))
+    if len(sizes) < 2 or not comparable:
+        return ClaimRow("C15", source, expected,
+                        f"batch sizes {sizes}: no drafting measured at both the smallest and the largest"
+                        + (f" ({refused})" if refused else ""),
+                        "not testable here", "measure at least two batch sizes, with a drafting that runs a batch")
+    best = max(comparable, key=lambda m: comparable[m][first])
+    speedups = comparable[best]
+    stops = batching.stop_paying(table)
+    measured = (f"{best}, speedup over the faster plain decoding by batch: "
+                + ", ".join(f"{b}: {s:.2f}x" for b, s in speedups.items())
+                + "; stops paying from batch: "
+                + ", ".join(f"{m} {'never' if b is None else b}" for m, b in stops.items()))
+    if v_by_batch is not None and len(v_by_batch):
+        column = v_by_batch.columns[1]
+        measured += (f"; {column.split(' =')[0]} by batch: "
+                     + ", ".join(f"{b}: {v:.2f}" for b, v in zip(v_by_batch["batch"], v_by_batch[column])))
+    if refused:
+        measured += f"; {refused}"
+    return ClaimRow("C15", source, expected, measured,
+                    verdict(bool(speedups[last] < speedups[first] - C15_THROUGHPUT_TOLERANCE)), reason)
 
 
 # ---------------------------------------------------------------- notebook 05: servers

@@ -17,7 +17,8 @@ failure raises ``EndpointError`` saying what to do, and nothing is written unles
 
 ``serving(command, port)`` runs a server in a subprocess for the length of a ``with`` block (waits until
 ``/v1/models`` answers, always stops it); ``local_server_command`` and ``llama_cpp_server_command`` build the
-commands of this package's server (``python -m specdec_lite.serve``) and llama.cpp's.
+commands of this package's server (``python -m specdec_lite.serve``, which batches concurrent requests) and
+llama.cpp's (which queues them). ``batches_at`` reads from ``/v1/models`` whether servers batch.
 """
 from __future__ import annotations
 
@@ -325,12 +326,14 @@ def free_port() -> int:
 
 
 def local_server_command(port: int, target: str, draft: str, dtype: str = "auto", gamma: int = 4,
-                         device: str = "cpu", threads: int = 1) -> list[str]:
-    """This package's server (``python -m specdec_lite.serve``); ``draft`` "none" for plain decoding. One CPU
-    thread by default: on a 2-core machine shared with other work, torch's two threads stalled some kernels 100
-    times over (a one-token bfloat16 product 7.8 ms against 61 us on one thread); 0 keeps torch's default."""
+                         device: str = "cpu", threads: int = 1, max_batch: int = 16) -> list[str]:
+    """This package's server (``python -m specdec_lite.serve``); ``draft`` "none" for plain decoding;
+    ``max_batch`` concurrent requests decoded together at most (1: one at a time). One CPU thread by default: on a
+    2-core machine shared with other work, torch's two threads stalled some kernels 100 times over (a one-token
+    bfloat16 product 7.8 ms against 61 us on one thread); 0 keeps torch's default."""
     return [sys.executable, "-m", "specdec_lite.serve", "--target", target, "--draft", draft, "--dtype", dtype,
-            "--gamma", str(gamma), "--device", device, "--threads", str(threads), "--port", str(port)]
+            "--gamma", str(gamma), "--device", device, "--threads", str(threads), "--max-batch", str(max_batch),
+            "--port", str(port)]
 
 
 def llama_cpp_server_command(port: int, gguf: str | Path, model: str, lookup_tokens: int = 0,
@@ -400,25 +403,33 @@ def records_frame(endpoints: list[Endpoint]) -> pd.DataFrame:
 
 
 LOCAL_PLAIN, LOCAL_SPECULATIVE = "local plain", "local speculative"
+LOCAL_BATCHING = "local speculative, batching"  # the speculative server of the concurrency runs (``batch_draft``)
 LLAMA_PLAIN, LLAMA_LOOKUP = "llama.cpp plain", "llama.cpp prompt lookup"
 
 
 @contextmanager
 def local_endpoints(target: str, draft: str = "auto", dtype: str = "auto", device: str = "cpu", gamma: int = 4,
-                    lookup_tokens: int = 4, wait_s: float = 300.0, threads: int = 1):
-    """Start this package's server plain and speculative (``draft``), and, with ``lookup_tokens`` > 0, llama.cpp's
-    server plain and with prompt lookup on the embedded target's GGUF, each on a free port; yield their
-    ``Endpoint``s (each speculative one's baseline is the plain server of its kind); stop them all. ``threads``:
-    each server's CPU threads (see ``local_server_command``)."""
+                    lookup_tokens: int = 4, wait_s: float = 300.0, threads: int = 1, batch_draft: str = "",
+                    max_batch: int = 16):
+    """Start this package's server plain and speculative (``draft``), with ``batch_draft`` a third one drafting
+    with it for the concurrency runs (``LOCAL_BATCHING``: a drafting that batches, a draft model or an EAGLE
+    head's chain; "" or ``draft``: none), and, with ``lookup_tokens`` > 0, llama.cpp's server plain and with prompt
+    lookup on the embedded target's GGUF, each on a free port; yield their ``Endpoint``s (each speculative one's
+    baseline is the plain server of its kind; ``split_runs`` says which run where); stop them all. ``threads``:
+    each server's CPU threads (see ``local_server_command``); ``max_batch``: each of this package's servers'
+    ``--max-batch``."""
     from ..core.models import EMBEDDED_TARGET, embedded_gguf_path
 
     if lookup_tokens and target != EMBEDDED_TARGET:
         raise ValueError(f"llama.cpp's servers load a GGUF file, which only the embedded target ({EMBEDDED_TARGET}) "
                          "ships here: set lookup_tokens = 0, or start them yourself and pass their endpoints")
-    plan = [(LOCAL_PLAIN, LOCAL_PLAIN, lambda port: local_server_command(port, target, "none", dtype, gamma, device,
-                                                                                   threads)),
-            (f"{LOCAL_SPECULATIVE} ({draft})", LOCAL_PLAIN,
-             lambda port: local_server_command(port, target, draft, dtype, gamma, device, threads))]
+
+    def ours(drafting):
+        return lambda port: local_server_command(port, target, drafting, dtype, gamma, device, threads, max_batch)
+
+    plan = [(LOCAL_PLAIN, LOCAL_PLAIN, ours("none")), (f"{LOCAL_SPECULATIVE} ({draft})", LOCAL_PLAIN, ours(draft))]
+    if batch_draft and batch_draft != draft:
+        plan.append((f"{LOCAL_BATCHING} ({batch_draft})", LOCAL_PLAIN, ours(batch_draft)))
     if lookup_tokens:
         gguf = embedded_gguf_path()
         plan += [(LLAMA_PLAIN, LLAMA_PLAIN, lambda port: llama_cpp_server_command(port, gguf, target, 0, threads)),
@@ -452,3 +463,44 @@ def speculative_endpoint(table: pd.DataFrame) -> str:
     compared = table[table.endpoint != table.baseline]
     counted = compared[compared.acceptance.notna()]
     return (counted if len(counted) else compared).endpoint.iloc[0]
+
+
+def split_runs(endpoints: list[Endpoint]) -> tuple[list[Endpoint], list[Endpoint]]:
+    """(the endpoints of the single-request runs, those of the concurrency runs). With ``local_endpoints``' batching
+    speculative server (``LOCAL_BATCHING``), the concurrency runs compare it with this package's plain server (both
+    batch) and the other runs leave it out; else every endpoint runs everywhere."""
+    batching = [e for e in endpoints if e.name.startswith(LOCAL_BATCHING)]
+    if not batching:
+        return list(endpoints), list(endpoints)
+    plain = [e for e in endpoints if e.name == batching[0].baseline]
+    return [e for e in endpoints if e not in batching], plain + batching
+
+
+def batching_of(endpoint: Endpoint, timeout_s: float = 30.0) -> dict | None:
+    """What the server says about batching: its model entry's ``batching`` on ``/v1/models`` (this package's
+    server: ``max_batch``, ``joins``, and whether ``greedy`` and ``sampled`` requests batch), or None where it says
+    nothing (vLLM, llama.cpp) or does not answer."""
+    import httpx
+
+    try:
+        response = httpx.get(endpoint.base_url.rstrip("/") + "/models", timeout=timeout_s,
+                             headers={"Authorization": f"Bearer {endpoint.api_key}"})
+        entries = response.json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    entry = next((m for m in entries if isinstance(m, dict) and m.get("id") == endpoint.model), None)
+    found = entry.get("batching") if entry else None
+    return found if isinstance(found, dict) else None
+
+
+def batches_at(endpoints: list[Endpoint], temperature: float, assume: bool = False, timeout_s: float = 30.0) -> bool:
+    """Whether every endpoint batches concurrent requests at ``temperature``, as its ``/v1/models`` says (more
+    than one request a batch, and greedy or sampled requests batching); an endpoint that does not say counts as
+    ``assume`` (given servers such as vLLM batch, llama.cpp's queues)."""
+    def batches(endpoint):
+        said = batching_of(endpoint, timeout_s)
+        if said is None:
+            return assume
+        return said.get("max_batch", 1) > 1 and bool(said.get("greedy" if temperature == 0 else "sampled"))
+
+    return all(batches(e) for e in endpoints)

@@ -1,4 +1,4 @@
-"""Prompt sets (JSONL) and chat templating.
+"""Prompt sets (JSONL); chat templating is ``core.tokenizers.chat_ids`` (imported here for the notebooks).
 
 Format: one JSON object per line with at least ``{"id": str, "task": str, "prompt": str}``; any other field is
 kept. ``data/prompts/`` ships 25 prompts per task for code, summarization, dialogue and translation, written
@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
+from ..core.tokenizers import chat_ids  # noqa: F401 (the notebooks and scripts import it from here)
 from ..paths import prompts_dir
 
 TASKS = ("code", "summarization", "dialogue", "translation")
@@ -64,16 +63,3 @@ def by_task(prompts: list[dict]) -> dict[str, list[dict]]:
 def first_per_task(prompts: list[dict], n: int, skip: int = 0) -> list[dict]:
     """The first ``n`` prompts of each task after its first ``skip``, tasks in order of first appearance."""
     return [p for chosen in by_task(prompts).values() for p in chosen[skip:skip + n]]
-
-
-def chat_ids(tokenizer, text: str | list, device="cpu") -> torch.Tensor:
-    """(1, T) token ids of ``text`` as a user turn (or of a list of chat messages, ``{"role", "content"}``) with
-    the tokenizer's chat template and the assistant prefix; for tokenizers without a chat template, plain
-    tokenization (of the messages' contents, one per line)."""
-    messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True)["input_ids"]
-    else:
-        ids = tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt")["input_ids"]
-    return ids.to(device)
