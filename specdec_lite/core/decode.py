@@ -334,6 +334,11 @@ def end_tokens(target, eos_token_id=None, ignore_eos: bool = False) -> list[int]
 
 
 # ---------------------------------------------------------------- the token buffer
+def each_row(max_new_tokens: int | list, rows: int) -> list[int]:
+    """Each row's max_new_tokens: the list given, or the one limit repeated."""
+    return list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * rows
+
+
 @dataclass
 class Decoding:
     """The state both loops share: the token buffer, each row's length, and how the run ends.
@@ -357,8 +362,7 @@ class Decoding:
         self.sizes, self.stopped = [self.prompt_len] * B, [False] * B
         self.finished = torch.zeros(B, dtype=torch.bool, device=device)
         self.eos_ids = torch.tensor(self.eos, dtype=torch.long, device=device) if self.eos else None
-        given = self.max_new_tokens
-        self.limits = list(given) if isinstance(given, (list, tuple)) else [given] * B  # each row's max_new_tokens
+        self.limits = each_row(self.max_new_tokens, B)  # each row's max_new_tokens
         self.max_new_tokens = max(self.limits)
         # what grow compares with on the device: one number, or each row's where they differ
         self.row_limits = self.max_new_tokens if len(set(self.limits)) == 1 else \
@@ -369,7 +373,7 @@ class Decoding:
         """A buffer for ``input_ids`` (B, T) with ``room`` extra slots for drafts past the end; ``max_new_tokens``:
         one limit, or each row's; ``eos``: the token ids that end a row (``end_tokens``)."""
         B, T = input_ids.shape
-        most = max(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else max_new_tokens
+        most = max(each_row(max_new_tokens, B))
         # room for finished rows that keep drafting (their writes land past their length and are ignored)
         seq = torch.zeros(B, T + most + room, dtype=torch.long, device=input_ids.device)
         seq[:, :T] = input_ids
