@@ -1,5 +1,5 @@
 """Throughput against batch size (``repro/batching.py``, claim C15): on tiny random Llamas with the embedded
-tokenizer, one row per (batch size, method) with every row of a batch max_new_tokens long, speedups over the faster
+tokenizer, one row per (batch size, method) with every row of a batch max_new_tokens long, speedups over the fastest
 plain decoding at each batch size, a drafting that refuses a batch kept as skipped with its reason, and bad batch
 sizes refused before any work; where speculation stops paying and the C15 check on hand-made tables."""
 import math
@@ -29,12 +29,15 @@ def prompts():
 def measured(pair, prompts):
     target, draft, tokenizer = pair
     drafts = {"trained draft": draft, "n-gram": sd.NGramDraft(), "lookup tree": sd.LookupTreeDraft()}
-    return batching.batch_throughput(target, tokenizer, drafts, prompts, [2, 1], max_new_tokens=TOKENS, gamma=3)
+    other, _ = sd.load_model(target.config._name_or_path, "cpu", "bfloat16")  # a baseline candidate, as 02 passes
+    return batching.batch_throughput(target, tokenizer, drafts, prompts, [2, 1], max_new_tokens=TOKENS, gamma=3,
+                                     plain={"bfloat16": other})
 
 
 def test_one_row_per_batch_size_and_method_every_row_max_new_tokens_long(measured):
     assert list(measured.columns) == batching.COLUMNS
-    methods = ["autoregressive", "transformers generate", "trained draft", "n-gram", "lookup tree"]
+    methods = ["autoregressive, float32", "transformers generate, float32", "autoregressive, bfloat16",
+               "transformers generate, bfloat16", "trained draft", "n-gram", "lookup tree"]
     assert list(zip(measured.batch, measured.method)) == [(b, m) for b in (1, 2) for m in methods]
     ran = measured[measured.skipped == ""]
     assert (ran.new_tokens == ran.batch * TOKENS).all()
@@ -44,9 +47,10 @@ def test_one_row_per_batch_size_and_method_every_row_max_new_tokens_long(measure
     assert ran[ran.kind == "plain"].mean_accepted_length.isna().all()
 
 
-def test_speedups_are_over_the_faster_plain_decoding_at_each_batch_size(measured):
+def test_speedups_are_over_the_fastest_plain_decoding_of_every_configuration_at_each_batch_size(measured):
     for batch, rows in measured.groupby("batch"):
         plain = rows[rows.kind == "plain"].set_index("method").tokens_per_second
+        assert len(plain) == 4  # ours and generate, on the target and on the candidate
         assert set(rows.baseline) == {plain.idxmax()}
         expected = rows.tokens_per_second / plain.max()
         assert (rows.speedup - expected).abs().max() < 1e-9
@@ -93,8 +97,11 @@ def test_bad_arguments_are_refused_before_any_work():
         batching.batch_throughput(None, None, {}, [{"prompt": "x"}], [1], max_new_tokens=0)
     with pytest.raises(ValueError, match="prompts is empty"):
         batching.batch_throughput(None, None, {}, [], [1])
-    with pytest.raises(ValueError, match="names of the plain decodings"):
-        batching.batch_throughput(None, None, {"autoregressive": None}, [{"prompt": "x"}], [1])
+    for label in ("autoregressive", "transformers generate, float16"):
+        with pytest.raises(ValueError, match="names of the plain decodings"):
+            batching.batch_throughput(None, None, {label: None}, [{"prompt": "x"}], [1])
+    with pytest.raises(TypeError, match="plain must be a dict"):
+        batching.batch_throughput(None, None, {}, [{"prompt": "x"}], [1], plain=["float16"])
     assert batching.check_batch_sizes([8, 1, 2, 2]) == [1, 2, 8]
 
 
@@ -145,7 +152,7 @@ def test_c15_throughput_holds_when_the_best_draftings_gain_shrinks():
     row = checks.c15_throughput(table, v)
     assert row.verdict == R and row.claim == "C15" and row.source == "000, 002, 003 (throughput)"
     # the best at batch 1 among those measured at batch 1 and at the largest: c ran at batch 1 only
-    assert row.measured.startswith("a, speedup over the faster plain decoding by batch: 1: 1.50x, 2: 1.20x")
+    assert row.measured.startswith("a, speedup over the fastest plain decoding by batch: 1: 1.50x, 2: 1.20x")
     assert "stops paying from batch: a 4, b never" in row.measured and "v(4) by batch: 1: 1.05, 8: 2.00" in row.measured
     assert "c skipped at batch 2, 4, 8" in row.measured and "0.1" in row.reason
 

@@ -6,9 +6,11 @@ read, the verification forward's extra tokens stop being free (compute-bound, ``
 by batch) and the speculative gain shrinks or reverses. ``batch_throughput`` measures that directly: for each batch
 size, the tokens per second over the whole batch of
 
-- plain batched decoding, ours (``autoregressive_generate``, the method row ``baseline.SAME_CONFIG``) and
-  transformers' ``generate`` (left padding, ``attention_mask``, greedy); the faster of the two at that batch size
-  is the baseline there (column ``baseline``), on the run's own model and dtype;
+- plain batched decoding, ours (``autoregressive_generate``) and transformers' ``generate`` (left padding,
+  ``attention_mask``, greedy), on the run's own model and on each other plain configuration given
+  (``baseline.plain_candidates``: the same weights in float32 and each half precision the device runs), each row
+  named "<method>, <configuration>"; the fastest of them at that batch size is the baseline there (column
+  ``baseline``): the baseline rule, applied per batch size;
 - speculative decoding with each drafting given (greedy), its speedup over that baseline and its mean accepted
   length tau.
 
@@ -32,7 +34,7 @@ from ..core.sampling import SamplingParams
 from . import baseline
 from .tasks import chat_ids
 
-PLAIN = (baseline.SAME_CONFIG, "transformers generate")  # the plain batched decodings, ours then transformers'
+PLAIN_METHODS = (baseline.SAME_CONFIG, "transformers generate")  # plain batched decoding: ours, transformers'
 GREEDY = SamplingParams(temperature=0)
 WARM_UP_TOKENS = 8  # new tokens of the untimed run before each method is timed at a batch size
 COLUMNS = ["batch", "method", "kind", "new_tokens", "seconds", "tokens_per_second", "baseline", "speedup",
@@ -74,13 +76,15 @@ def check_batch_sizes(batch_sizes) -> list[int]:
     return sorted(set(sizes))
 
 
-def check_request(drafts, prompts, max_new_tokens, gamma, repeats) -> None:
+def check_request(drafts, plain, prompts, max_new_tokens, gamma, repeats) -> None:
     """Refuse, before any work, what ``batch_throughput`` cannot run."""
-    if not isinstance(drafts, dict):
-        raise TypeError(f"drafts must be a dict {{label: draft}}, got {type(drafts).__name__}")
-    clash = [name for name in drafts if name in PLAIN]
+    for name, value in (("drafts", drafts), ("plain", plain)):
+        if not isinstance(value, dict):
+            raise TypeError(f"{name} must be a dict {{label: {name[:-1]}}}, got {type(value).__name__}")
+    clash = [name for name in drafts if str(name).split(",")[0] in PLAIN_METHODS]
     if clash:
-        raise ValueError(f"draft labels {clash} are the names of the plain decodings {list(PLAIN)}: rename them")
+        raise ValueError(f"draft labels {clash} start with the names of the plain decodings {list(PLAIN_METHODS)}: "
+                         "rename them")
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt (tasks.load_prompts)")
     for name, value in (("max_new_tokens", max_new_tokens), ("gamma", gamma), ("repeats", repeats)):
@@ -136,17 +140,28 @@ def generate_batch(target, ids, mask, max_new_tokens: int, pad_id: int) -> int:
     return int(out.shape[0] * (out.shape[1] - ids.shape[1]))
 
 
-def methods_for(target, drafts: dict, gamma: int, pad_id: int) -> dict:
-    """{name: function(ids, mask, max_new_tokens) -> (new tokens, stats or None)}: the plain decodings (``PLAIN``)
-    and speculative decoding with each drafting, greedy, EOS ignored."""
-    def ours(ids, mask, n):
-        gen = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=n, sampling=GREEDY,
-                                      ignore_eos=True, timed=False)
-        return gen.stats.new_tokens, None
+def plain_methods(target, plain: dict, pad_id: int) -> dict:
+    """{name: function(ids, mask, max_new_tokens) -> (new tokens, None)}: plain batched decoding, greedy, EOS
+    ignored, by ours and by transformers' ``generate``, on ``target`` and on each model of ``plain`` ({label: model},
+    ``baseline.plain_candidates``), named as ``plain_names`` names them."""
+    def ours(model):
+        def run(ids, mask, n):
+            gen = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=n, sampling=GREEDY,
+                                          ignore_eos=True, timed=False)
+            return gen.stats.new_tokens, None
+        return run
 
-    def transformers(ids, mask, n):
-        return generate_batch(target, ids, mask, n, pad_id), None
+    def transformers(model):
+        return lambda ids, mask, n: (generate_batch(model, ids, mask, n, pad_id), None)
 
+    models = {baseline.configuration(target): target, **plain}
+    return {f"{method}, {label}": run(model) for label, model in models.items()
+            for method, run in zip(PLAIN_METHODS, (ours, transformers))}
+
+
+def speculative_methods(target, drafts: dict, gamma: int) -> dict:
+    """{label: function(ids, mask, max_new_tokens) -> (new tokens, stats)}: speculative decoding with each drafting
+    of ``drafts``, greedy, EOS ignored."""
     def speculative(draft):
         def run(ids, mask, n):
             gen = speculative_generate(target, draft, ids, attention_mask=mask, gamma=gamma, max_new_tokens=n,
@@ -154,17 +169,20 @@ def methods_for(target, drafts: dict, gamma: int, pad_id: int) -> dict:
             return gen.stats.new_tokens, gen.stats
         return run
 
-    return {PLAIN[0]: ours, PLAIN[1]: transformers, **{name: speculative(d) for name, d in drafts.items()}}
+    return {name: speculative(draft) for name, draft in drafts.items()}
 
 
 def batch_throughput(target, tokenizer, drafts: dict, prompts, batch_sizes, max_new_tokens: int = 128,
-                     gamma: int = 4, repeats: int = 1, progress: bool = False) -> pd.DataFrame:
+                     gamma: int = 4, repeats: int = 1, plain: dict | None = None,
+                     progress: bool = False) -> pd.DataFrame:
     """One row per (batch size, method): ``COLUMNS``. Plain batched decoding by ours and transformers' ``generate``
-    (kind "plain"), then each drafting of ``drafts`` ({label: draft}, anything ``speculative_generate`` takes;
-    kind "speculative"), greedy, every row of the batch ``max_new_tokens`` long.
+    on ``target`` and on each model of ``plain`` ({label: model}, ``baseline.plain_candidates(target)``; kind
+    "plain", named as ``plain_methods`` names them), then each drafting of ``drafts`` ({label: draft}, anything
+    ``speculative_generate`` takes; kind "speculative", on ``target``), greedy, every row of the batch
+    ``max_new_tokens`` long.
 
     tokens_per_second: new tokens over the whole batch / seconds (the median over ``repeats`` timed runs, the
-    methods' order alternating between repeats); baseline: the faster plain decoding at that batch size; speedup:
+    methods' order alternating between repeats); baseline: the fastest plain decoding at that batch size; speedup:
     tokens_per_second over the baseline's; mean_accepted_length (tau, the bonus token included) and
     acceptance_rate from the run's ``Generation.stats``. ``prompts``: dicts with a "prompt" (``tasks.load_prompts``,
     say 4 per task, ``round_robin`` to mix the tasks in small batches), cycled to fill each batch and left-padded
@@ -173,9 +191,11 @@ def batch_throughput(target, tokenizer, drafts: dict, prompts, batch_sizes, max_
     from ..show import progress_bar
 
     sizes = check_batch_sizes(batch_sizes)
-    check_request(drafts, prompts, max_new_tokens, gamma, repeats)
+    plain = {} if plain is None else plain
+    check_request(drafts, plain, prompts, max_new_tokens, gamma, repeats)
     pad_id = pad_id_of(tokenizer, target)
-    methods = methods_for(target, drafts, gamma, pad_id)
+    plains = plain_methods(target, plain, pad_id)
+    methods = {**plains, **speculative_methods(target, drafts, gamma)}
     clock = Clock(target.device)
     rows = []
     for batch in progress_bar(sizes, desc="batch sizes", disable=not progress):
@@ -185,7 +205,7 @@ def batch_throughput(target, tokenizer, drafts: dict, prompts, batch_sizes, max_
             try:
                 fn(ids, mask, min(WARM_UP_TOKENS, max_new_tokens))
             except NotImplementedError as err:
-                refused.append(skipped_row(batch, name, str(err), ids.shape[1]))
+                refused.append(skipped_row(batch, name, name in plains, str(err), ids.shape[1]))
             else:
                 runnable[name] = fn
         times = {name: [] for name in runnable}
@@ -200,7 +220,7 @@ def batch_throughput(target, tokenizer, drafts: dict, prompts, batch_sizes, max_
         for name in runnable:
             tokens, stats = results[name]
             seconds = statistics.median(times[name])
-            measured.append({"batch": batch, "method": name, "kind": "plain" if name in PLAIN else "speculative",
+            measured.append({"batch": batch, "method": name, "kind": "plain" if name in plains else "speculative",
                              "new_tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
                              "mean_accepted_length": stats.mean_accepted_length if stats else float("nan"),
                              "acceptance_rate": stats.acceptance_rate if stats else float("nan"),
@@ -214,15 +234,15 @@ def batch_throughput(target, tokenizer, drafts: dict, prompts, batch_sizes, max_
                              kind="stable").reset_index(drop=True)
 
 
-def skipped_row(batch: int, method: str, reason: str, width: int) -> dict:
+def skipped_row(batch: int, method: str, is_plain: bool, reason: str, width: int) -> dict:
     nan = float("nan")
-    return {"batch": batch, "method": method, "kind": "plain" if method in PLAIN else "speculative",
+    return {"batch": batch, "method": method, "kind": "plain" if is_plain else "speculative",
             "new_tokens": nan, "seconds": nan, "tokens_per_second": nan, "baseline": "", "speedup": nan,
             "mean_accepted_length": nan, "acceptance_rate": nan, "prompt_width": width, "skipped": reason}
 
 
 def with_speedups(measured: list[dict]) -> list[dict]:
-    """The rows of one batch size with their baseline (the faster plain decoding) and speedup over it (nan where
+    """The rows of one batch size with their baseline (the fastest plain decoding) and speedup over it (nan where
     no plain decoding ran)."""
     plain = [row for row in measured if row["kind"] == "plain"]
     fastest = max(plain, key=lambda row: row["tokens_per_second"]) if plain else None

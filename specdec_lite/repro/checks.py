@@ -277,7 +277,7 @@ C15_THROUGHPUT_TOLERANCE = 0.1  # the drop in speedup, batch 1 to the largest ba
 
 def c15_throughput(table, v_by_batch=None) -> ClaimRow:
     """C15 from measured throughput (notebook 02). ``table``: ``batching.batch_throughput`` rows (columns batch,
-    method, kind, speedup over the faster plain decoding at that batch size, skipped); ``v_by_batch``:
+    method, kind, speedup over the fastest plain decoding at that batch size, skipped); ``v_by_batch``:
     ``costs.by_batch`` (columns batch and v(gamma); None: not shown). The best drafting is the one with the highest
     speedup at the smallest batch size among those measured there and at the largest; the claim holds when its
     speedup at the largest batch is more than ``C15_THROUGHPUT_TOLERANCE`` below its speedup at the smallest."""
@@ -286,8 +286,8 @@ def c15_throughput(table, v_by_batch=None) -> ClaimRow:
     expected = "at large batch the gain shrinks or reverses (compute-bound)"
     source = "000, 002, 003 (throughput)"
     reason = (f"tolerance: the best drafting's speedup at the largest batch is more than {C15_THROUGHPUT_TOLERANCE} "
-              "below its speedup at the smallest; speedups over the faster of ours and transformers' plain batched "
-              "decoding at each batch size (greedy, same prompts, every row the same length)")
+              "below its speedup at the smallest; speedups over the fastest plain batched decoding at each batch size "
+              "(ours and transformers', in each dtype timed; greedy, same prompts, every row the same length)")
     sizes = sorted(table["batch"].unique())
     first, last = (sizes[0], sizes[-1]) if sizes else (None, None)
     by_method = {m: batching.speedups_by_batch(table, m) for m in batching.draftings(table)}
@@ -303,7 +303,7 @@ def c15_throughput(table, v_by_batch=None) -> ClaimRow:
     best = max(comparable, key=lambda m: comparable[m][first])
     speedups = comparable[best]
     stops = batching.stop_paying(table)
-    measured = (f"{best}, speedup over the faster plain decoding by batch: "
+    measured = (f"{best}, speedup over the fastest plain decoding by batch: "
                 + ", ".join(f"{b}: {s:.2f}x" for b, s in speedups.items())
                 + "; stops paying from batch: "
                 + ", ".join(f"{m} {'never' if b is None else b}" for m, b in stops.items()))
@@ -321,8 +321,8 @@ def c15_throughput(table, v_by_batch=None) -> ClaimRow:
 def c15_concurrency(label: str, by_concurrency, batches: bool) -> ClaimRow:
     """``by_concurrency``: columns concurrency and speedup (median over tasks of the per-task speedups over the
     baseline server, column baseline), lowest concurrency first. ``batches``: whether the servers batch concurrent
-    requests (vLLM, SGLang); servers that queue them (this package's, llama.cpp's) never reach the compute-bound
-    regime the claim is about, so there the claim is not testable."""
+    requests (vLLM, SGLang, this package's with ``--max-batch`` above 1); servers that queue them (llama.cpp's as
+    05 starts it) never reach the compute-bound regime the claim is about, so there the claim is not testable."""
     first, last = by_concurrency.speedup.iloc[0], by_concurrency.speedup.iloc[-1]
     measured = (f"{label}, speedup over {by_concurrency.baseline.iloc[0]} by concurrency: "
                 + ", ".join(f"{r.concurrency}: {r.speedup:.2f}x" for r in by_concurrency.itertuples()))

@@ -292,36 +292,39 @@ def predicted_vs_measured_speedup(by_gamma, title=unchanged):
     return fig
 
 
-PLAIN_BATCHED = ("autoregressive", "transformers generate")  # ``batching.PLAIN``: the plain batched decodings
+FASTEST_PLAIN = "plain: the fastest at each batch size"  # the baseline's line in ``batch_throughput``
 
 
 def batch_throughput(table, v_by_batch=None, title=unchanged):
-    """02_speedup_table: tokens/s over the whole batch (log axis) against batch size (log2 axis) for plain
-    batched decoding (ours and transformers' ``generate``, dashed) and speculative decoding with each drafting
-    (left); each drafting's speedup over the faster plain decoding at that batch size, with a line at 1 and, from
+    """02_speedup_table: tokens/s over the whole batch (log axis) against batch size (log2 axis) for the fastest
+    plain batched decoding at each batch size (the baseline, dashed; ``batching.by_batch`` names it) and speculative
+    decoding with each drafting (left); each drafting's speedup over that baseline, with a line at 1 and, from
     ``v_by_batch`` (``costs.by_batch``), the verification cost v(gamma) by batch on the right axis (right).
     ``table``: ``batching.batch_throughput`` (skipped rows, nan, draw nothing); at most ``MAX_METHODS`` series."""
-    plain = [m for m in PLAIN_BATCHED if table.loc[table["method"] == m, "tokens_per_second"].notna().any()]
+    fastest = table[(table["kind"] == "plain") & (table["method"] == table["baseline"])]
+    series = {FASTEST_PLAIN: fastest} if fastest["tokens_per_second"].notna().any() else {}
     measured = table[(table["kind"] == "speculative") & table["speedup"].notna()]
-    room = MAX_METHODS - len(plain) - (v_by_batch is not None)
-    drafted = list(dict.fromkeys(measured["method"]))[:room]
-    palette = colours([*plain, *drafted])
+    room = MAX_METHODS - len(series) - (v_by_batch is not None)
+    for method in list(dict.fromkeys(measured["method"]))[:room]:
+        series[method] = table[table["method"] == method]
+    palette = colours(list(series))
     markers = dict(zip(palette, ROLE_MARKERS))
     sizes = sorted(table["batch"].unique())
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
     for method, colour in palette.items():
-        rows = table[table["method"] == method].sort_values("batch")
-        style = dict(color=colour, marker=markers[method], ls="--" if method in plain else "-")
+        rows = series[method].sort_values("batch")
+        style = dict(color=colour, marker=markers[method], ls="--" if method == FASTEST_PLAIN else "-")
         axes[0].plot(rows["batch"], rows["tokens_per_second"], **style)
-        if method not in plain:
+        if method != FASTEST_PLAIN:
             axes[1].plot(rows["batch"], rows["speedup"], **style)
     axes[0].set(ylabel="tokens/s over the whole batch", yscale="log")
     set_title(axes[0], title("throughput against batch size (greedy)"))
     axes[1].axhline(1, color="grey", ls="--")
-    axes[1].set(ylabel="speedup over the faster plain decoding")
+    axes[1].set(ylabel="speedup over the fastest plain decoding")
     set_title(axes[1], title("speedup against batch size; dotted, right axis: v(gamma)"))
-    handles = [Line2D([], [], color=c, marker=markers[m], ls="--" if m in plain else "-") for m, c in palette.items()]
-    labels = [f"plain: {m}" if m in plain else m for m in palette]
+    handles = [Line2D([], [], color=c, marker=markers[m], ls="--" if m == FASTEST_PLAIN else "-")
+               for m, c in palette.items()]
+    labels = list(palette)
     if v_by_batch is not None:
         column = v_by_batch.columns[1]
         cost = axes[1].twinx()
