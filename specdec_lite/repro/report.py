@@ -61,6 +61,9 @@ FIGURES = [
            "float64 (the formula)"),
     Figure("predicted_vs_measured_speedup.png", "02_speedup_table", "speedup predicted from measured alpha, c and "
            "v(gamma) against the measured one, on the embedded pair", REAL_MODELS),
+    Figure("batch_throughput.png", "02_speedup_table", "throughput against batch size: the fastest plain batched "
+           "decoding against speculative decoding per drafting, their speedup and v(gamma) by batch size",
+           REAL_MODELS),
     Figure("task_acceptance.png", "03_task_acceptance", "acceptance and speedup per task and per draft kind",
            REAL_MODELS),
     Figure("acceptance_by_position.png", "03_task_acceptance", "acceptance by draft position and along the output",
