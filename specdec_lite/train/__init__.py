@@ -7,6 +7,7 @@
   draft      the standalone draft model, distilled from the target's top-k soft labels
   heads      the EAGLE-style head and the Medusa heads, trained on the features
   continued  the shipped EAGLE head continued on more of the target's replies
+  gpu_train  that run on one GPU, prepared here: the training text packed to carry, one command there
   eagle3     the EAGLE-3-style head, trained unrolled on its own predictions
   refill     batched sampling whose rows take the next prompt as soon as their reply ends
   sources    training prompts harvested from the files installed on the machine

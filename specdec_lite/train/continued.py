@@ -70,17 +70,21 @@ def new_heldout(seen: int, n_records: int) -> list[int]:
 
 
 def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_from: str = START,
-               unroll: int = 1, lr: float = PEAK_LR,
-               batch_size: int = HeadTrainConfig.batch_size) -> HeadTrainConfig:
+               unroll: int = 1, lr: float = PEAK_LR, batch_size: int = HeadTrainConfig.batch_size,
+               first_record: int = 0) -> HeadTrainConfig:
     """The run's settings: those stored in ``out_dir`` when it resumes, else the first head's recipe at peak
     learning rate ``lr`` (by default half the first head's) and ``batch_size`` records a step, from ``start_from``,
     on every record the corpus has now but the held-out ones: the EAGLE-3 run's, and for a start that is itself a
     continued head, ``new_heldout`` of the records it never saw, or its own held-out records when the corpus has
-    none it never saw. With ``unroll`` > 1, training-time test of that many steps."""
+    none it never saw. With ``unroll`` > 1, training-time test of that many steps. ``first_record`` > 0 trains on
+    the records from that one on only (a rehearsal at small scale: ``gpu_train``); the held-out records stay the
+    same, and those before it are judged (``compare_heads``) but not evaluated during training."""
     if (out_dir / CONFIG_FILE).exists():
         return read_config(out_dir / CONFIG_FILE, HeadTrainConfig)
     index = corpus.load_index(corpus_dir)
     n = len(index)
+    if not 0 <= first_record < n:
+        raise ValueError(f"first_record must be in 0..{n - 1} (the corpus has {n} records), got {first_record}")
     start = drafts_dir() / start_from / CONFIG_FILE
     start_cfg = read_config(start, HeadTrainConfig) if start.exists() else None  # None: not a continued head
     if start_cfg and start_cfg.records == n:
@@ -88,7 +92,7 @@ def run_config(out_dir: Path, steps: int, corpus_dir: Path | None = None, start_
     else:
         heldout = eagle3.heldout_indices(n) + (new_heldout(start_cfg.records, n) if start_cfg else [])
     return HeadTrainConfig(steps=steps, lr=lr, warmup=100, eval_every=250, heldout=heldout, start_from=start_from,
-                           records=n, unroll=unroll, batch_size=batch_size)
+                           records=n, unroll=unroll, batch_size=batch_size, first_record=first_record)
 
 
 def make_trainer(target, out_dir: Path, cfg: HeadTrainConfig, corpus_dir: Path | None = None,
@@ -133,13 +137,21 @@ def publish(target, trainer: HeadTrainer, name: str, corpus_dir: Path | None = N
     return comparison
 
 
+def load_target(device: str = "cpu", dtype: str = "auto"):
+    """The embedded target where the run trains, in ``dtype``; on a GPU, float32 matrix products run in TF32 from
+    here on (the head's: several times float32's speed; the features' and the comparison's too, as in the H200
+    run)."""
+    target, _ = load_model(EMBEDDED_TARGET, device, dtype)
+    if target.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    return target
+
+
 def main(argv=None):
     args = run_arguments(__doc__, training_dir, 4000, argv, heads=[NAME], lr=PEAK_LR,
                          batch_size=HeadTrainConfig.batch_size)
     out_dir = args.out
-    target, _ = load_model(EMBEDDED_TARGET, args.device, args.dtype)
-    if target.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # the head's products in TF32: several times float32's speed
+    target = load_target(args.device, args.dtype)
     if args.publish:
         publish(target, HeadTrainer.from_checkpoint(target, out_dir, "eagle"), args.head)
         return
