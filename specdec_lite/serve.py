@@ -232,16 +232,12 @@ class Engine:
     def decode(self, batch: list[Request]) -> None:
         """One batch through the loop (left-padded); each row's text streams to its request after every round,
         and its result is set as soon as its row ends."""
-        import torch
-
-        from .core.decode import autoregressive_generate, end_tokens, speculative_generate
+        from .core.decode import autoregressive_generate, end_tokens, padded, speculative_generate
 
         eos = set(end_tokens(self.model))
-        width = max(len(r.ids) for r in batch)
         pad = self.tokenizer.pad_token_id if isinstance(self.tokenizer.pad_token_id, int) else 0  # masked out
-        input_ids = torch.tensor([[pad] * (width - len(r.ids)) + r.ids for r in batch], device=self.model.device)
-        mask = None if all(len(r.ids) == width for r in batch) else torch.tensor(
-            [[0] * (width - len(r.ids)) + [1] * len(r.ids) for r in batch], device=self.model.device)
+        ids, mask = padded([r.ids for r in batch], pad, left=True)
+        input_ids, mask = ids.to(self.model.device), None if bool(mask.all()) else mask.to(self.model.device)
         limits = [r.max_tokens for r in batch]
 
         def on_round(rows):

@@ -78,3 +78,16 @@ def restored_text(tmp_path_factory):
         patch.setenv(paths.CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
         return restore.restore_text()
 
+
+class ProposeRecorder:
+    """Wraps a drafter's ``propose``; keeps (buffer, lengths, drafts, q) of every round, each copied."""
+
+    def __init__(self, drafter):
+        self.drafter, self.rounds = drafter, []
+        original = drafter.propose
+
+        def propose(seq, lengths, gamma, sampling, generator):
+            drafts, q = original(seq, lengths, gamma, sampling, generator)
+            self.rounds.append((seq.clone(), lengths.tolist(), drafts.clone(), None if q is None else q.clone()))
+            return drafts, q
+        drafter.propose = propose

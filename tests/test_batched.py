@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 import specdec_lite as sd
-from specdec_lite.core.decode import EXACT, Verifier
+from specdec_lite.core.decode import EXACT, Verifier, padded
 from specdec_lite.core.lm import HFCausalLM
 from specdec_lite.core.sampling import probs_from_logits
 from specdec_lite.drafts.heads import FeatureDraft
@@ -22,7 +22,7 @@ from specdec_lite.repro.mutants import MUTANTS, NO_EXACT_LAW
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
 from specdec_lite.repro.toy import MarkovLM, random_pair
 
-from conftest import DEVICE, tiny_llama
+from conftest import DEVICE, ProposeRecorder, tiny_llama
 
 GREEDY = sd.SamplingParams(temperature=0)
 LENGTHS = (3, 7, 5)  # the prompts' lengths: rows 0 and 2 are left-padded
@@ -35,11 +35,7 @@ def prompts(lengths=LENGTHS, seed=0):
 
 def left_padded(rows):
     """(input_ids, attention_mask) of 1-D prompts, padded on the left as a tokenizer with padding_side='left' does."""
-    T = max(len(row) for row in rows)
-    ids = torch.full((len(rows), T), PAD, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, T - len(row):], mask[b, T - len(row):] = row, 1
+    ids, mask = padded(rows, PAD, left=True)
     return ids.to(DEVICE), mask.to(DEVICE)
 
 
@@ -430,27 +426,13 @@ def test_heads_batch_prompts_of_one_length_without_a_mask():
         assert [row.tolist() for row in out.sequences] == [ref.tolist() for ref in alone(target, rows, 30)]
 
 
-class BatchRecorder:
-    """Wraps a head drafter's ``propose``; keeps (buffer, lengths, drafts, q) of every round."""
-
-    def __init__(self, drafter):
-        self.drafter, self.rounds = drafter, []
-        original = drafter.propose
-
-        def propose(seq, lengths, gamma, sampling, generator):
-            drafts, q = original(seq, lengths, gamma, sampling, generator)
-            self.rounds.append((seq.clone(), lengths.tolist(), drafts.clone(), None if q is None else q.clone()))
-            return drafts, q
-        drafter.propose = propose
-
-
 def batched_q_error(kind, cls=None, temperature=1.0, seed=3):
     """The largest |q - batch-1 q| over the rounds and running rows of a batch-3 run (left-padded prompts of
     different lengths), the batch-1 q being the head's cache-free ``reference_distributions`` for that row's
     context alone (its pads dropped): what the head gives the prompt when it runs alone (test_heads.py holds the
     live batch-1 drafter to it). Returns (error, rows checked, the run's stats)."""
     target, rows = small_vocab_target(), small_vocab_prompts()
-    rec = BatchRecorder(head_draft(target, kind, cls))
+    rec = ProposeRecorder(head_draft(target, kind, cls))
     ids, mask = left_padded(rows)
     sampling = sd.SamplingParams(temperature=temperature)
     out = sd.speculative_generate(target, rec.drafter, ids, attention_mask=mask, gamma=4, max_new_tokens=40,

@@ -24,7 +24,7 @@ from specdec_lite.repro.mutants import MUTANTS
 from specdec_lite.train.heads import (HeadTrainConfig, HeadTrainer, check_kinds, eagle_loss, feature_loss,
                                       load_dataset)
 
-from conftest import tiny_llama
+from conftest import ProposeRecorder, tiny_llama
 
 KINDS = ("eagle", "medusa")  # what train.heads trains
 DRAFT_KINDS = KINDS + ("eagle3", "eagle-deep")  # eagle3: the EAGLE head reading fused layers (heads.FusedEagleHead);
@@ -71,31 +71,18 @@ def test_exact_check_sees_a_broken_verifier_with_heads(kind):
     assert max_abs_difference(broken, ref) > 1e-3
 
 
-class Recorder:
-    """Wraps a feature drafter and keeps (context, drafts, q) of every round."""
-
-    def __init__(self, drafter):
-        self.drafter, self.rounds = drafter, []
-        original = drafter.propose
-
-        def propose(seq, lengths, gamma, sampling, generator):
-            drafts, q = original(seq, lengths, gamma, sampling, generator)
-            self.rounds.append((seq[0, : int(lengths[0])].clone(), drafts.clone(), None if q is None else q.clone()))
-            return drafts, q
-        drafter.propose = propose
-
-
 @pytest.mark.parametrize("kind", DRAFT_KINDS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_live_drafter_matches_its_cache_free_reference(kind, temperature):
     target = tiny_llama(vocab=8, seed=0)  # a small vocabulary, so random heads guess right now and then
-    rec = Recorder(random_head_draft(target, kind, torch.tensor([0, 1, 2, 3, 5, 6]), num_heads=3))
+    rec = ProposeRecorder(random_head_draft(target, kind, torch.tensor([0, 1, 2, 3, 5, 6]), num_heads=3))
     sampling = sd.SamplingParams(temperature=temperature)
     gen = sd.speculative_generate(target, rec.drafter, torch.tensor([[5, 1, 7, 3]]), gamma=4, max_new_tokens=60,
                                   sampling=sampling, seed=7)
-    assert rec.rounds[0][1].shape[1] == 0  # the first round is the prefill: nothing to draft from yet
+    assert rec.rounds[0][2].shape[1] == 0  # the first round is the prefill: nothing to draft from yet
     checked = 0
-    for context, drafts, q in rec.rounds[1:]:
+    for seq, lengths, drafts, q in rec.rounds[1:]:
+        context = seq[0, : lengths[0]]
         ref = rec.drafter.reference_distributions(context, drafts, sampling)
         assert torch.allclose(q, ref, atol=1e-5), (len(context), checked)
         checked += 1

@@ -170,6 +170,19 @@ def check_request(input_ids, max_length, gamma: int, max_new_tokens: int | list,
     return input_ids.long()
 
 
+def padded(token_lists, pad_id: int = 0, left: bool = False):
+    """(B, L) ids and their attention mask for a list of 1-D token sequences (tensors or lists), right-padded
+    (teacher forcing, training), or with ``left`` left-padded (every sequence ends in the last column: prompts that
+    decode together, as ``speculative_generate`` takes them with their ``attention_mask``)."""
+    L = max(len(t) for t in token_lists)
+    ids = torch.full((len(token_lists), L), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(token_lists), L, dtype=torch.long)
+    for r, tokens in enumerate(token_lists):
+        span = slice(L - len(tokens), L) if left else slice(0, len(tokens))
+        ids[r, span], mask[r, span] = torch.as_tensor(tokens), 1
+    return ids, mask
+
+
 def check_padding(input_ids: torch.Tensor, attention_mask, target,
                   sampling: SamplingParams) -> tuple[torch.Tensor, list[int] | None]:
     """A left-padded batch comes with its ``attention_mask`` (B, T) of 0 (pad) and 1 (token), as transformers'

@@ -29,7 +29,7 @@ import statistics
 import pandas as pd
 import torch
 
-from ..core.decode import Clock, autoregressive_generate, speculative_generate
+from ..core.decode import Clock, autoregressive_generate, padded, speculative_generate
 from ..core.sampling import SamplingParams
 from . import baseline
 from .tasks import chat_ids
@@ -117,11 +117,7 @@ def left_padded_batch(tokenizer, prompts: list[dict], batch_size: int, device, p
     chat-formatted (``tasks.chat_ids``), padded on the left with ``pad_id`` to the longest row, as a tokenizer with
     ``padding_side="left"`` pads."""
     rows = [chat_ids(tokenizer, prompts[i % len(prompts)]["prompt"])[0] for i in range(batch_size)]
-    width = max(len(row) for row in rows)
-    ids = torch.full((batch_size, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch_size, width), dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, width - len(row):], mask[b, width - len(row):] = row, 1
+    ids, mask = padded(rows, pad_id, left=True)
     return ids.to(device), mask.to(device)
 
 
@@ -143,7 +139,8 @@ def generate_batch(target, ids, mask, max_new_tokens: int, pad_id: int) -> int:
 def plain_methods(target, plain: dict, pad_id: int) -> dict:
     """{name: function(ids, mask, max_new_tokens) -> (new tokens, None)}: plain batched decoding, greedy, EOS
     ignored, by ours and by transformers' ``generate``, on ``target`` and on each model of ``plain`` ({label: model},
-    ``baseline.plain_candidates``), named as ``plain_names`` names them."""
+    ``baseline.plain_candidates``), each named "<method>, <configuration>" (``PLAIN_METHODS``, ``baseline.configuration``
+    for ``target``, the label for the others)."""
     def ours(model):
         def run(ids, mask, n):
             gen = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=n, sampling=GREEDY,

@@ -1,20 +1,8 @@
-"""Padded batches of token sequences (right-padded for teacher forcing and training, left-padded for prefilling
-prompts that then decode together); the most frequent reply tokens."""
+"""The most frequent reply tokens of the training text, and a head's sub-vocabulary from them (padded batches of
+token sequences: ``core.decode.padded``)."""
 from __future__ import annotations
 
 import torch
-
-
-def padded(token_lists, pad_id: int = 0, left: bool = False):
-    """(B, L) ids and their attention mask for a list of 1-D token sequences (tensors or lists), right-padded, or
-    with ``left`` left-padded (every sequence ends in the last column)."""
-    L = max(len(t) for t in token_lists)
-    ids = torch.full((len(token_lists), L), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(token_lists), L, dtype=torch.long)
-    for r, tokens in enumerate(token_lists):
-        span = slice(L - len(tokens), L) if left else slice(0, len(tokens))
-        ids[r, span], mask[r, span] = torch.as_tensor(tokens), 1
-    return ids, mask
 
 
 def frequent_tokens(sequences, vocab_size: int, n: int = 8192) -> torch.Tensor:

@@ -41,7 +41,8 @@ from ..drafts.heads import (EagleHead, OutputLayer, build_head, fused_layers, he
 from .. import paths
 from ..paths import drafts_dir
 from . import corpus, teacher
-from .batching import draftable_tokens, padded
+from ..core.decode import padded
+from .batching import draftable_tokens
 from .heads import soft_cross_entropy
 from ..show import to_markdown
 from .cards import eagle3_card

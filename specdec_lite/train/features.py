@@ -24,7 +24,7 @@ import torch
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..drafts.fingerprint import weights_fingerprint
 from .. import paths
-from .batching import padded
+from ..core.decode import padded
 from .corpus import load_index
 from .restore import missing_text
 

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from ..drafts.heads import (HeadConfig, OutputLayer, build_head, check_head_target, head_config_for,
                             parameter_count, read_head, save_head)
 from ..paths import HEAD_CONFIG, drafts_dir
-from .batching import draftable_tokens, padded
+from ..core.decode import padded
+from .batching import draftable_tokens
 from .corpus import load_records
 from .features import load_features
 from .loop import (CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, heldout_split, mean_over_chunks, read_config,
