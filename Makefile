@@ -15,7 +15,7 @@ LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_CPU_REPACK=OFF
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 
-.PHONY: setup browser reproduce test gpu-check gpu-train bench demo drafts sweep lab clean
+.PHONY: setup browser reproduce test gpu-check gpu-train bench demo calibrate drafts sweep lab clean
 
 setup: $(STAMP)
 
@@ -75,6 +75,11 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m specdec_lite.repro.bench
+
+# this machine's dynamic-tree costs for "auto" (about a minute, alone on a quiet machine); until then the head's
+# shipped defaults for the kind of device serve
+calibrate: setup
+	$(BIN)/python -m specdec_lite.drafts.calibrate
 
 # the GPU check (under 8 minutes on one H100 or H200): the device tests (about 2-3 minutes), then the benchmark
 # (repro.gpu_bench: Llama-3.1-8B + 3.2-1B shapes, random weights, bfloat16; a 270 s budget, each row written to

@@ -29,7 +29,7 @@ from .core.tokenizers import check_tokenizers
 from .core.verify import verify, verify_greedy
 from .drafts.heads import EagleDraft, MedusaDraft, load_head
 from .drafts.layer_skip import LayerSkipDraft
-from .drafts.loading import load_draft, load_pair
+from .drafts.loading import calibrate, load_draft, load_pair
 from .drafts.ngram import NGramDraft
 from .drafts.trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft, SampledTreeDraft
 from .repro import theory
@@ -40,5 +40,5 @@ __all__ = [
     "Generation", "GenerationStats", "theory", "Drafter", "ModelDraft", "NGramDraft", "LayerSkipDraft",
     "HFCausalLM", "MarkovLM", "register_tokenizer", "check_tokenizers", "EMBEDDED_TARGET", "EMBEDDED_DRAFT",
     "load_pair", "load_draft", "load_head", "EagleDraft", "MedusaDraft", "AdaptiveLength", "EagleTreeDraft",
-    "HybridTreeDraft", "LookupTreeDraft", "SampledTreeDraft",
+    "HybridTreeDraft", "LookupTreeDraft", "SampledTreeDraft", "calibrate",
 ]

@@ -125,7 +125,7 @@ class Engine:
     # ------------------------------------------------------------ what batches
     def batch_refusals(self) -> dict:
         """{"greedy": reason or None, "sampled": reason or None}: why requests of each kind run one at a time."""
-        from .core.decode import batch_refusal
+        from .core.requests import batch_refusal
         from .core.sampling import SamplingParams
 
         if self.max_batch == 1:
@@ -232,7 +232,8 @@ class Engine:
     def decode(self, batch: list[Request]) -> None:
         """One batch through the loop (left-padded); each row's text streams to its request after every round,
         and its result is set as soon as its row ends."""
-        from .core.decode import autoregressive_generate, end_tokens, padded, speculative_generate
+        from .core.decode import autoregressive_generate, padded, speculative_generate
+        from .core.requests import end_tokens
 
         eos = set(end_tokens(self.model))
         pad = self.tokenizer.pad_token_id if isinstance(self.tokenizer.pad_token_id, int) else 0  # masked out

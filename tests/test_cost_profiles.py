@@ -24,6 +24,9 @@ PROMPT = torch.tensor([[5, 9, 11, 3, 7]])
 def profiles(tmp_path, monkeypatch):
     """The cost profiles folder of a fresh cache."""
     monkeypatch.setenv("SPECDEC_LITE_CACHE", str(tmp_path))
+    # a tiny model's timings spread widely on a busy machine: these tests keep them (the refusal of a noisy
+    # measurement has its own test)
+    monkeypatch.setattr(cost_profiles, "MAX_SPREAD", float("inf"))
     return tmp_path / "cost_profiles"
 
 
@@ -130,3 +133,49 @@ def test_a_profile_measured_on_a_busy_machine_says_so():
     assert "busy then, load average 6.8 on 2 CPUs" in cost_profiles.busy_note({"load_average": 6.8, "cpus": 2})
     assert cost_profiles.busy_note({"load_average": 1.5, "cpus": 2}) == ""
     assert cost_profiles.busy_note({"load_average": None, "cpus": 2}) == ""
+
+
+def test_a_noisy_measurement_is_used_but_not_kept_saying_so(tmp_path, monkeypatch, capsys):
+    """Passes that differ by more than MAX_SPREAD of their median: the costs serve this build, no file is written,
+    and the line says why; a steady measurement is kept."""
+    monkeypatch.setenv("SPECDEC_LITE_CACHE", str(tmp_path))
+
+    def measured(step_spread):
+        return lambda: {"x": 1.0, "spread": {"target_step_seconds": step_spread, "v": {1: [1.0, 1.0, 1.0]}}}
+
+    parse = lambda saved: {"x": saved["x"]}  # noqa: E731
+    noisy = cost_profiles.kept_or_measured("test", {"k": 1}, measured([0.010, 0.020, 0.031]), parse)
+    assert noisy["file"] is None and not (tmp_path / "cost_profiles").exists()
+    assert "not kept: target_step_seconds ranged from 0.01 to 0.031" in capsys.readouterr().out
+    steady = cost_profiles.kept_or_measured("test", {"k": 1}, measured([0.020, 0.021, 0.022]), parse)
+    assert steady["file"] is not None and Path(steady["file"]).exists()
+
+
+def test_shipped_defaults_serve_every_run_alike_until_a_calibration_is_kept(profiles, monkeypatch, capsys):
+    """With defaults for this device class (a head folder's DEFAULT_COSTS), nothing is timed on load: two builds
+    use the same costs and draft the same trees, saying the defaults serve; defaults for another class do not apply
+    (the first load measures); remeasure=True (calibrate) keeps this machine's costs, which later builds read."""
+    target = tiny_llama(vocab=64, seed=0)
+    measured = build(target).costs
+    saved = json.loads(Path(measured["file"]).read_text())["costs"]
+    Path(measured["file"]).unlink()
+    default = {**saved, "v": {**saved["v"], "2": 9.0}}  # unlike what this machine measured: visibly the default
+    default["spread"] = {**saved["spread"], "v": {**saved["spread"]["v"], "2": [9.0, 9.0, 9.0]}}
+    assert trees.device_class(target) == "cpu-float32"
+    capsys.readouterr()
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("timed although defaults serve")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(trees, "forward_seconds", no_timing)
+        patch.setattr(trees, "round_seconds", no_timing)
+        first, second = (build(target, defaults={"cpu-float32": default}) for _ in range(2))
+    assert first.costs["source"] == second.costs["source"] == "default" and first.costs["v"][2] == 9.0
+    assert "shipped defaults for cpu-float32" in capsys.readouterr().out
+    assert drafted_tree(first, target) == drafted_tree(second, target)
+    assert not list(profiles.glob("*.json"))
+    assert build(target, defaults={"cuda-bfloat16": default}).costs["source"] == "measured"
+    calibrated = build(target, defaults={"cpu-float32": default}, remeasure=True).costs
+    assert calibrated["source"] == "measured" and calibrated["v"][2] != 9.0
+    assert build(target, defaults={"cpu-float32": default}).costs["source"] == "read"

@@ -6,6 +6,7 @@
   lm          the model-wrapper protocol (feed / crop / cache_lengths) and the Hugging Face wrapper
   drafter     the drafter protocol (begin / propose / observe / rollback) and the independent draft model
   tokenizers  refusing a draft whose tokenizer differs from the target's; chat templating (``chat_ids``)
+  requests    what a generation refuses before any work: every argument checked in one place
   decode      the loop, top to bottom, and the autoregressive baseline
   host_reads  counting the reads of tensor values into Python (each one a wait on a GPU)
   models      loading a model by package name, Hugging Face id or local path; the "auto" dtype

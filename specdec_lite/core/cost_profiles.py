@@ -104,14 +104,21 @@ def write_profile(path: Path, key: dict, costs: dict) -> None:
         raise
 
 
-def kept_or_measured(kind: str, key: dict, measure, parse, remeasure: bool = False) -> dict:
+MAX_SPREAD = 0.25  # a profile whose passes differ by more than this fraction of their median is not kept
+
+
+def kept_or_measured(kind: str, key: dict, measure, parse, remeasure: bool = False, default: dict | None = None,
+                     default_name: str = "") -> dict:
     """The ``kind`` profile for ``key``: read from its file when there is a usable one (and not ``remeasure``),
     else ``measure()`` (a JSON-ready dict) timed now and saved. ``parse`` turns the saved dict into the costs
     (raising ValueError, TypeError or KeyError on a malformed one, which is then measured again). The costs come
     back with ``source`` ("read" or "measured"), ``file`` (the profile's path; None where it could not be saved)
     and ``CONTEXT``: ``measured_at`` (UTC), ``load_average`` (1 minute, as it ended; None where the system does not
     say) and ``cpus``. Prints one line saying which, naming the file, and whether the machine was busy
-    (``busy_note``)."""
+    (``busy_note``). ``default``: costs (as ``measure`` returns them) to use instead of measuring when no profile
+    was kept (shipped defaults for this kind of device, ``default_name``): the same for every run until a
+    ``remeasure=True`` call keeps this machine's. A measurement whose passes spread too far (``noise_note``) is
+    used but not kept, and the line says so."""
     path = profile_path(kind, key)
     saved, why = (None, "remeasure=True") if remeasure else read_profile(path, key)
     if saved is not None:
@@ -122,9 +129,17 @@ def kept_or_measured(kind: str, key: dict, measure, parse, remeasure: bool = Fal
             return {**costs, "source": "read", "file": str(path)}
         except (ValueError, TypeError, KeyError) as e:
             why = f"{path} holds malformed costs ({type(e).__name__}: {e})"
+    if default is not None and not remeasure:
+        print(f"{kind} costs: the shipped defaults for {default_name} ({why}; calibrate() measures this machine's)")
+        return {**parse(default), **{name: default.get(name) for name in CONTEXT}, "source": "default",
+                "file": None}
     measured = measure()
     measured.update(measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None, cpus=os.cpu_count())
+    noise = noise_note(measured)
+    if noise:
+        print(f"{kind} costs measured ({why}) but not kept: {noise}; measure again on a quiet machine")
+        return {**parse(measured), **{name: measured[name] for name in CONTEXT}, "source": "measured", "file": None}
     try:
         write_profile(path, key, measured)
         print(f"{kind} costs measured ({why}{busy_note(measured)}) and saved as {path.name} in paths.cost_profiles_dir()")
@@ -142,3 +157,19 @@ def busy_note(profile: dict) -> str:
     if load is None or cpus is None or load <= cpus:
         return ""
     return f"; the machine was busy then, load average {load:.1f} on {cpus} CPUs: measure again when it is idle"
+
+
+def noise_note(measured: dict) -> str:
+    """Why a measurement is too noisy to keep (a quantity whose [min, median, max] over the passes, in
+    ``measured["spread"]``, spans more than ``MAX_SPREAD`` of its median), else ""."""
+    def triples(spread):
+        for name, value in spread.items():
+            if isinstance(value, dict):
+                yield from ((f"{name}({n})", v) for n, v in value.items())
+            else:
+                yield name, value
+
+    for name, (low, mid, high) in triples(measured.get("spread", {})):
+        if mid > 0 and (high - low) / mid > MAX_SPREAD:
+            return f"{name} ranged from {low:.4g} to {high:.4g} over the passes (more than {MAX_SPREAD:.0%} of its median)"
+    return ""

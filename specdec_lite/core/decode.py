@@ -23,9 +23,9 @@ from typing import Callable
 
 import torch
 
-from .drafter import Drafter, as_drafter
-from .lm import as_language_model, cached_lengths, crop_to, feed_unseen, tokenizer_of
-from .tokenizers import check_tokenizers
+from .drafter import Drafter
+from .lm import cached_lengths, crop_to, feed_unseen
+from .requests import check_generation
 from .sampling import (SamplingParams, greedy_tokens, has_weight, probs_from_logits, refuse_without_weight, sample,
                        seen_mask)
 from .tree import (attention_mask, compact_indices, positions, tree_outcome_distribution, verify_tree,
@@ -128,48 +128,7 @@ class Clock:
         return time.perf_counter() - start
 
 
-def context_limit(*lms) -> tuple[int | None, str]:
-    """The tightest context among the models (and static caches) of a run, and how to name it."""
-    limits = [(lm.max_length, getattr(lm, "context_name", "the model's context")) for lm in lms
-              if lm is not None and getattr(lm, "max_length", None) is not None]
-    return min(limits, key=lambda item: item[0]) if limits else (None, "the model's context")
-
-
-# ---------------------------------------------------------------- what is refused, before any work
-def check_request(input_ids, max_length, gamma: int, max_new_tokens: int | list, sampling,
-                  context_name: str = "the model's context") -> torch.Tensor:
-    """Refuse bad requests before any work starts. Returns input_ids as (B, T) long. ``max_new_tokens``: an
-    integer, or a list of them, each row's own (a server's batch of requests)."""
-    if not isinstance(sampling, SamplingParams):
-        raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-    if not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma (draft tokens per round) must be an integer >= 1, got {gamma!r}")
-    limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens]
-    if not limits or not all(isinstance(n, int) and n >= 1 for n in limits):
-        raise ValueError(f"max_new_tokens must be an integer >= 1 (or a list of them, one per row), got "
-                         f"{max_new_tokens!r}")
-    input_ids = torch.as_tensor(input_ids)
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None, :]
-    if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}); give at least one prompt token, "
-                         "e.g. the tokenizer's BOS token")
-    if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
-        raise TypeError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
-    if isinstance(max_new_tokens, (list, tuple)) and len(limits) != input_ids.shape[0]:
-        raise ValueError(f"max_new_tokens gives {len(limits)} limits for {input_ids.shape[0]} rows: give one per row")
-    max_new_tokens = max(limits)  # the context must hold the longest row
-    if max_length is not None:
-        T = input_ids.shape[1]
-        if T >= max_length:
-            raise ValueError(f"the input has {T} tokens but {context_name} is {max_length}; shorten the prompt")
-        if T + max_new_tokens + gamma > max_length:
-            raise ValueError(f"{T} prompt tokens + max_new_tokens {max_new_tokens} + gamma {gamma} exceed "
-                             f"{context_name} ({max_length}); lower max_new_tokens to at most "
-                             f"{max_length - T - gamma}, or preallocate more (use_static_cache(model, max_length=...))")
-    return input_ids.long()
-
-
+# ---------------------------------------------------------------- the token buffer
 def padded(token_lists, pad_id: int = 0, left: bool = False):
     """(B, L) ids and their attention mask for a list of 1-D token sequences (tensors or lists), right-padded
     (teacher forcing, training), or with ``left`` left-padded (every sequence ends in the last column: prompts that
@@ -183,170 +142,6 @@ def padded(token_lists, pad_id: int = 0, left: bool = False):
     return ids, mask
 
 
-def check_padding(input_ids: torch.Tensor, attention_mask, target,
-                  sampling: SamplingParams) -> tuple[torch.Tensor, list[int] | None]:
-    """A left-padded batch comes with its ``attention_mask`` (B, T) of 0 (pad) and 1 (token), as transformers'
-    ``generate`` takes it. Refuses a mask that cannot be one (its shape, its values, padding on the right, a row
-    without tokens), a batch that looks padded but has no mask, and padding with a repetition penalty (the pads
-    would count as tokens the row has seen). Returns input_ids without the columns that are
-    padding in every row, and each row's count of left pads (None: no row has any), as Python ints."""
-    if attention_mask is None:
-        check_unmasked_padding(input_ids, target)
-        return input_ids, None
-    mask = torch.as_tensor(attention_mask)
-    mask = mask[None, :] if mask.dim() == 1 else mask
-    if mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(input_ids.shape)}: pass "
-                         "the attention_mask the tokenizer returned with these input_ids")
-    rows = mask.tolist()  # read once, before any work
-    for b, row in enumerate(rows):
-        if any(value not in (0, 1) for value in row):
-            raise ValueError(f"attention_mask must hold 0 (padding) and 1 (token) only, row {b} holds "
-                             f"{sorted(set(row) - {0, 1})}: pass the tokenizer's attention_mask")
-        if 1 not in row:
-            raise ValueError(f"row {b} of attention_mask is all zeros: every prompt needs at least one token")
-        if 0 in row[row.index(1):]:
-            raise ValueError(f"row {b} of attention_mask has padding after its tokens: pad on the left, as for "
-                             "generate (tokenizer(..., padding_side='left'), or tokenizer.padding_side = 'left')")
-    pads = [row.index(1) for row in rows]
-    common = min(pads)
-    pads = [pad - common for pad in pads]
-    if any(pads) and sampling.repetition_penalty != 1.0:
-        raise NotImplementedError("repetition_penalty with left-padded rows is not implemented (the pads would count "
-                                  "as tokens the row has seen): batch prompts of equal length, run them one at a "
-                                  "time, or use repetition_penalty=1.0")
-    return input_ids[:, common:], (pads if any(pads) else None)
-
-
-def check_unmasked_padding(input_ids: torch.Tensor, target) -> None:
-    """Refuse a batch without a mask where some rows, not all, start with the target's pad token (its
-    tokenizer's, or its generation config's): a left-padded batch given without its attention_mask."""
-    pad = pad_token_of(target)
-    if input_ids.shape[0] < 2 or pad is None:
-        return
-    starts = input_ids[:, 0].tolist()
-    padded = [b for b, token in enumerate(starts) if token == pad]
-    if padded and len(padded) < len(starts):
-        raise ValueError(f"rows {padded} start with the pad token {pad} and others do not: a left-padded batch needs "
-                         "its mask; pass attention_mask=... (what the tokenizer returned, as for generate)")
-
-
-def pad_token_of(target) -> int | None:
-    """The target's pad token: its registered tokenizer's, else its generation config's (None: unknown)."""
-    model = hf_model_of(target)
-    pad = getattr(tokenizer_of(model), "pad_token_id", None)
-    if pad is None:
-        pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
-    return pad if isinstance(pad, int) else None
-
-
-def hf_model_of(target):
-    """The Hugging Face model behind ``target`` (itself, or a wrapper's ``model``), or None (the toy models)."""
-    return target if isinstance(target, torch.nn.Module) else getattr(target, "model", None)
-
-
-def check_batch(input_ids, padding: list[int] | None, *lms) -> None:
-    """Rows of a batch accept different numbers of drafts and end at different times: a batch needs wrappers whose
-    rows may hold different numbers of tokens (``ragged_batches``: the toy models, Hugging Face models on the
-    dynamic cache), and left padding needs wrappers that take it (``takes_padding``)."""
-    B = input_ids.shape[0]
-    for lm in (lm for lm in lms if lm is not None):
-        if B > 1 and not getattr(lm, "ragged_batches", False):
-            if getattr(lm, "static", None) is not None:
-                raise NotImplementedError(
-                    f"a batch of {B} prompts needs the dynamic cache (the static cache runs one prompt at a time): "
-                    "load the model with load_model(..., cache='dynamic') or call use_dynamic_cache(model)")
-            raise NotImplementedError(f"a batch of {B} prompts needs per-row cache lengths, which "
-                                      f"{type(lm).__name__} does not keep: run it with batch size 1")
-        if padding is not None and not getattr(lm, "takes_padding", False):
-            raise NotImplementedError(f"{type(lm).__name__} takes no left padding: give it prompts of equal length "
-                                      "(no padded rows in attention_mask)")
-
-
-def check_batched_drafter(drafter: Drafter, input_ids) -> None:
-    """Token trees draft for one prompt (a tree's forward, mask and walk are batch 1). Chain drafts take batches,
-    feature-level ones included: ``EagleDraft`` and ``MedusaDraft`` keep each row's features, and the EAGLE head
-    each row's entries under a key mask (``heads.py``)."""
-    if input_ids.shape[0] > 1 and drafter.proposes_trees:
-        raise NotImplementedError(
-            f"{type(drafter).__name__} proposes token trees and drafts for one prompt at a time, got a batch of "
-            f"{input_ids.shape[0]}: run it with batch size 1, or batch with a chain draft (a draft model, "
-            "NGramDraft, LayerSkipDraft, an EAGLE or Medusa head)")
-
-
-def batch_refusal(target, draft=None, sampling: SamplingParams = SamplingParams()) -> str | None:
-    """Why ``target`` with ``draft`` (None: plain decoding) cannot decode a left-padded batch of prompts at
-    ``sampling``, as the loop's checks would refuse it (``check_batch``, ``check_batched_drafter``); None where it
-    can. A server asks before it gathers requests into a batch."""
-    two = torch.zeros((2, 1), dtype=torch.long)
-    target_lm = as_language_model(target)
-    try:
-        if draft is None:
-            check_batch(two, [1, 0], target_lm)
-        else:
-            drafter = as_drafter(draft, target).at(sampling)
-            check_batch(two, [1, 0], target_lm, getattr(drafter, "lm", None))
-            check_batched_drafter(drafter, two)
-    except NotImplementedError as err:
-        return str(err)
-    return None
-
-
-def check_pair(target, target_lm, drafter: Drafter, input_ids, sampling: SamplingParams,
-               padding: list[int] | None = None) -> None:
-    """What a draft and a target must have in common, what a batch needs, and what token trees need; each refusal
-    says what to do."""
-    draft_lm = getattr(drafter, "lm", None)
-    check_batch(input_ids, padding, target_lm, draft_lm)
-    check_batched_drafter(drafter, input_ids)
-    if drafter.vocab_size is not None and drafter.vocab_size != target_lm.vocab_size:
-        raise ValueError(
-            f"the draft's vocabulary ({drafter.vocab_size} tokens) cannot be aligned with the target's "
-            f"({target_lm.vocab_size}); use a draft trained with the target's tokenizer")
-    if draft_lm is not None and hasattr(draft_lm, "device") and draft_lm.device != target_lm.device:
-        raise ValueError(f"the draft is on {draft_lm.device} but the target takes its input on {target_lm.device}; "
-                         f"move the draft there first (draft.to({str(target_lm.device)!r}))")
-    if drafter.uses_target_features and not getattr(target_lm, "supports_hidden", False):
-        raise TypeError(f"{type(drafter).__name__} reads the target's hidden states, which "
-                        f"{type(target_lm).__name__} does not provide; use a Hugging Face target")
-    if drafter.proposes_trees:
-        check_tree_request(input_ids, target_lm, sampling)
-    draft_model = getattr(draft_lm, "model", None)  # tokenizers registered by load_model must be the same
-    t_tok = tokenizer_of(target) if isinstance(target, torch.nn.Module) else None
-    d_tok = tokenizer_of(draft_model) if isinstance(draft_model, torch.nn.Module) else None
-    if t_tok is not None and d_tok is not None:
-        check_tokenizers(t_tok, d_tok)
-
-
-def check_tree_request(input_ids, target_lm, sampling: SamplingParams) -> None:
-    """Token trees run at batch 1 (``check_batched_drafter``), without the repetition penalty (its per-node
-    prefixes are not implemented)."""
-    if sampling.repetition_penalty != 1.0:
-        raise NotImplementedError("token trees do not support repetition_penalty; use a chain draft or penalty 1.0")
-    if not hasattr(target_lm, "feed_tree"):
-        raise TypeError(f"{type(target_lm).__name__} cannot score a token tree (no feed_tree)")
-
-
-def end_tokens(target, eos_token_id=None, ignore_eos: bool = False) -> list[int]:
-    """The token ids that end a row of a run on ``target``: ``eos_token_id`` when given (an id or a list of ids);
-    else the target's own end-of-sequence token(s), where transformers' ``generate`` reads them
-    (``generation_config.eos_token_id``, an id or a list); none for a model without a generation config (the toy
-    models) or with ``ignore_eos=True`` (every run then makes exactly max_new_tokens tokens: timing, fixed-length
-    statistics)."""
-    if ignore_eos:
-        if eos_token_id is not None:
-            raise ValueError(f"eos_token_id={eos_token_id!r} and ignore_eos=True contradict each other: give "
-                             "eos_token_id to stop at those tokens, or ignore_eos=True to run to max_new_tokens")
-        return []
-    if eos_token_id is None:
-        eos_token_id = getattr(getattr(hf_model_of(target), "generation_config", None), "eos_token_id", None)
-    if eos_token_id is None:
-        return []
-    ids = eos_token_id.tolist() if torch.is_tensor(eos_token_id) else eos_token_id
-    return [int(e) for e in (ids if isinstance(ids, (list, tuple)) else [ids])]
-
-
-# ---------------------------------------------------------------- the token buffer
 def each_row(max_new_tokens: int | list, rows: int) -> list[int]:
     """Each row's max_new_tokens: the list given, or the one limit repeated."""
     return list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * rows
@@ -384,7 +179,7 @@ class Decoding:
     @classmethod
     def start(cls, input_ids, max_new_tokens: int | list, room: int, eos: list) -> "Decoding":
         """A buffer for ``input_ids`` (B, T) with ``room`` extra slots for drafts past the end; ``max_new_tokens``:
-        one limit, or each row's; ``eos``: the token ids that end a row (``end_tokens``)."""
+        one limit, or each row's; ``eos``: the token ids that end a row (``requests.end_tokens``)."""
         B, T = input_ids.shape
         most = max(each_row(max_new_tokens, B))
         # room for finished rows that keep drafting (their writes land past their length and are ignored)
@@ -476,10 +271,10 @@ def speculative_generate(target, draft, input_ids, *, attention_mask=None, gamma
     target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's
     tokenizer, a toy model, or a Drafter (``NGramDraft``, ``LayerSkipDraft``, a head, a tree drafter). input_ids:
     (T,) or (B, T). A batch of prompts of different lengths comes left-padded with its ``attention_mask`` (B, T), as
-    transformers' ``generate`` takes it (``check_padding``); each row is decoded as it would be alone. Batches run
+    transformers' ``generate`` takes it (``requests.check_padding``); each row is decoded as it would be alone. Batches run
     on Hugging Face models on the dynamic cache (``lm.py``: masked slots) and on the toy models, with every chain
     draft, the EAGLE and Medusa heads included (each row's features and head entries are its own, ``heads.py``);
-    token trees and the static cache run one prompt at a time (``check_pair``). With
+    token trees and the static cache run one prompt at a time (``requests.check_pair``). With
     ``sampling.temperature == 0`` each row's output is the target's own greedy output, token for token (bitwise
     where the target's forwards are batch-invariant, see ``load_model``; a batch's forwards may round differently
     from a lone prompt's, so a near-tie of the argmax can part a row from it). A row ends at max_new_tokens (an
@@ -491,12 +286,11 @@ def speculative_generate(target, draft, input_ids, *, attention_mask=None, gamma
     one unless a test hands in a broken one. ``on_round``, when given, is called after every round with each
     row's new tokens so far (``Decoding.emitted``): what a server streams as the rounds finish.
     """
-    target_lm, drafter = as_language_model(target), as_drafter(draft, target).at(sampling)
-    max_length, context_name = context_limit(target_lm, getattr(drafter, "lm", None))
-    input_ids = check_request(input_ids, max_length, gamma, max_new_tokens, sampling, context_name)
-    input_ids, padding = check_padding(input_ids, attention_mask, target, sampling)
-    check_pair(target, target_lm, drafter, input_ids, sampling, padding)
-    eos = end_tokens(target, eos_token_id, ignore_eos)
+    checked = check_generation(target, draft, input_ids, attention_mask=attention_mask, gamma=gamma,
+                               max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_token_id=eos_token_id,
+                               ignore_eos=ignore_eos, timed=timed, on_round=on_round, verifier=verifier)
+    target_lm, drafter, input_ids, padding, eos = (checked.target_lm, checked.drafter, checked.input_ids,
+                                                   checked.padding, checked.eos)
     one_round = tree_round if drafter.proposes_trees else chain_round
 
     clock, stats = Clock(target_lm.device, synchronize=timed), GenerationStats()
@@ -511,8 +305,8 @@ def speculative_generate(target, draft, input_ids, *, attention_mask=None, gamma
         drafter.begin(input_ids, padding=padding)
     while not run.done:
         one_round(target_lm, drafter, run, gamma, sampling, generator, stats, clock, verifier)
-        if on_round is not None:
-            on_round(run.emitted())
+        if on_round is not None and on_round(run.emitted()):
+            break
     return run.finish(stats, clock, start)
 
 
@@ -605,13 +399,11 @@ def autoregressive_generate(target, input_ids, *, attention_mask=None, max_new_t
                             on_round: Callable[[list], None] | None = None) -> Generation:
     """The baseline: one target forward per token, through the same wrapper, sampling rule and generator;
     ``attention_mask`` (a left-padded batch), ``eos_token_id``, ``ignore_eos`` and ``on_round`` as in
-    ``speculative_generate`` (``on_round`` is called after every token)."""
-    target_lm = as_language_model(target)
-    max_length, context_name = context_limit(target_lm)
-    input_ids = check_request(input_ids, max_length, 1, max_new_tokens, sampling, context_name)
-    input_ids, padding = check_padding(input_ids, attention_mask, target, sampling)
-    check_batch(input_ids, padding, target_lm)
-    eos = end_tokens(target, eos_token_id, ignore_eos)
+    ``speculative_generate`` (``on_round`` is called after every token, and ends the run when it returns True)."""
+    checked = check_generation(target, None, input_ids, attention_mask=attention_mask, gamma=1,
+                               max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_token_id=eos_token_id,
+                               ignore_eos=ignore_eos, timed=timed, on_round=on_round, plain=True)
+    target_lm, input_ids, padding, eos = checked.target_lm, checked.input_ids, checked.padding, checked.eos
 
     clock, stats = Clock(target_lm.device, synchronize=timed), GenerationStats()
     start = clock.now()
@@ -642,7 +434,7 @@ def autoregressive_generate(target, input_ids, *, attention_mask=None, max_new_t
         run.settle([1] * len(rows), hit)
         crop_to(target_lm, [size - 1 for size in run.sizes])  # finished rows forget the token they were fed
         stats.record([], [], 0.0, clock.now() - t0)
-        if on_round is not None:
-            on_round(run.emitted())
+        if on_round is not None and on_round(run.emitted()):
+            break
     stats.accepted_lengths = [1] * stats.rounds  # one token a round
     return run.finish(stats, clock, start)

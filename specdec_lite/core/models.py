@@ -7,9 +7,14 @@ second. The cache lives in ``$SPECDEC_LITE_CACHE`` or ``~/.cache/specdec_lite``.
 """
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import os
 import shutil
+import socket
 import tempfile
+import time
+import urllib.parse
 from pathlib import Path
 
 import torch
@@ -193,6 +198,9 @@ def embedded_target_path() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_dir = _embedded_gguf_dir()
+    print(f"specdec_lite: converting the embedded target's GGUF to safetensors in {out.parent.name}/ (once; later "
+          "loads read the conversion)...", flush=True)
+    started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
     # save_pretrained refuses a model loaded from GGUF: rebuild it from its config, copy the weights
@@ -208,27 +216,77 @@ def embedded_target_path() -> Path:
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)  # atomic: a half-written cache is never used
+    print(f"specdec_lite: converted in {time.perf_counter() - started:.0f} s", flush=True)
     return out
 
 
-def resolve_name(name_or_path: str) -> str:
-    """Package names -> local directories; anything else is a Hugging Face id or a local path."""
-    if name_or_path == EMBEDDED_TARGET:
+def package_names() -> list[str]:
+    """The model names this package knows without the hub: the embedded target and the shipped drafts."""
+    return [EMBEDDED_TARGET, *_SHIPPED_DRAFTS]
+
+
+def resolve_name(name_or_path: str, also: tuple = ()) -> str:
+    """Package names -> local directories; a folder as it is; a Hugging Face id ('org/name', or a bare name the
+    hub cache holds) as it is, refused at once where it is not cached and the hub cannot be reached. Anything else
+    is refused in well under a second, without touching the network, listing the names known here (``also``: the
+    caller's own, e.g. draft kinds) and the closest one."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"a model name must be a string or a path, got {type(name_or_path).__name__}")
+    name = str(name_or_path)
+    if name == EMBEDDED_TARGET:
         return str(embedded_target_path())
-    if name_or_path in _SHIPPED_DRAFTS:
-        path = drafts_dir() / name_or_path
+    if name in _SHIPPED_DRAFTS:
+        path = drafts_dir() / name
         if not any((path / f).exists() for f in ("config.json", HEAD_CONFIG)):
-            raise FileNotFoundError(f"the trained draft is missing from {path}: run {_SHIPPED_DRAFTS[name_or_path]}")
+            raise FileNotFoundError(f"the trained draft is missing from {path}: run {_SHIPPED_DRAFTS[name]}")
         return str(path)
-    folder = Path(name_or_path).expanduser()
+    folder = Path(name).expanduser()
     if folder.is_dir():
         return str(folder)
-    if not looks_like_hub_id(str(name_or_path)):
-        raise FileNotFoundError(
-            f"{name_or_path!r} is not a folder, not a package name ({', '.join([EMBEDDED_TARGET, *_SHIPPED_DRAFTS])}) "
-            "and not a Hugging Face id ('org/name'): give a local folder saved with save_pretrained, one of those "
-            "names, or a hub id (which needs internet or the hub cache)")
-    return str(name_or_path)
+    if looks_like_hub_id(name) and (in_hub_cache(name) or "/" in name):
+        check_hub_reachable(name)
+        return name
+    raise FileNotFoundError(unknown_name_message(name, [*also, *package_names()]))
+
+
+def unknown_name_message(name: str, known: list[str]) -> str:
+    """Why ``name`` names nothing loadable, the names that are, and the closest of them."""
+    closest = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    hint = f"did you mean {closest[0]!r}? " if closest else ""
+    where = "no folder is there" if ("/" in name or name.startswith((".", "~"))) else "it is not a name known here"
+    return (f"{name!r} cannot be loaded: {where}, and it is not a Hugging Face id ('org/name'). {hint}Known names: "
+            f"{', '.join(known)}; or give a folder saved with save_pretrained, or a hub id such as "
+            "'HuggingFaceTB/SmolLM2-360M-Instruct'")
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds ``repo_id``'s config (read locally, no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id after all
+        return False
+
+
+def check_hub_reachable(repo_id: str, timeout: float = 3.0) -> None:
+    """Refuse at once a hub id that is not in the cache when the hub cannot be reached (``HF_HUB_OFFLINE`` set, or
+    no connection to its host within ``timeout`` seconds), instead of transformers' retries."""
+    if in_hub_cache(repo_id):
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname, endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    reason = "HF_HUB_OFFLINE is set"
+    if not offline:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return
+        except OSError as err:
+            reason = f"{host} cannot be reached ({type(err).__name__})"
+    raise FileNotFoundError(f"{repo_id!r} is not in the Hugging Face cache and {reason}: download it where the hub "
+                            "is reachable (huggingface-cli download), or give a local folder saved with "
+                            "save_pretrained")
 
 
 def check_model_name(name_or_path: str) -> None:
@@ -239,20 +297,17 @@ def check_model_name(name_or_path: str) -> None:
             _embedded_gguf_dir()  # installed? (the conversion to the cache waits for load_model)
         return
     path = resolve_name(name_or_path)
-    if Path(path).is_dir():
+    if Path(path).is_dir() or in_hub_cache(path):
         return
-    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub import HfApi
 
-    if isinstance(try_to_load_from_cache(path, "config.json"), str):
-        return
-    what = (f"{name_or_path!r} is not a local folder, not a package name ({', '.join([EMBEDDED_TARGET, *_SHIPPED_DRAFTS])}) "
-            "and not in the Hugging Face hub cache")
     try:
         HfApi().model_info(path, timeout=10)
     except Exception as err:  # noqa: BLE001 (hub errors: not found, gated, no network; all mean "cannot load it")
-        raise FileNotFoundError(f"{what}; asking the hub failed ({type(err).__name__}: {str(err)[:160]}). Give a "
-                                "folder saved with save_pretrained, check the id's spelling, or run where the hub "
-                                "is reachable (gated models need `hf auth login`)") from None
+        raise FileNotFoundError(f"{name_or_path!r} is not a local folder, not a package name and not in the Hugging "
+                                f"Face hub cache; asking the hub failed ({type(err).__name__}: {str(err)[:160]}). "
+                                "Give a folder saved with save_pretrained, check the id's spelling, or run where "
+                                "the hub is reachable (gated models need `hf auth login`)") from None
 
 
 def looks_like_hub_id(name: str) -> bool:

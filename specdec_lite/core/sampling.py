@@ -6,7 +6,9 @@ keeps speculative sampling exact with a penalty switched on (claim C16).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import torch
 
@@ -21,6 +23,12 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF/CTRL rule: divide positive logits, multiply negative ones, for seen tokens
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+                raise TypeError(f"{name} must be a finite number, got {value!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, Integral):
+            raise TypeError(f"top_k must be an integer (0 switches it off), got {self.top_k!r}")
         if not (self.temperature >= 0):
             raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
         if not (0 < self.top_p <= 1):

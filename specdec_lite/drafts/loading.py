@@ -1,6 +1,7 @@
 """Drafts by name (every kind), and a (target, draft, tokenizer) pair in one call."""
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from ..paths import drafts_dir, is_head_dir, results_dir
 from .heads import EagleDraft, MedusaDraft, check_head_target, load_head, read_head_config
 from .layer_skip import LayerSkipDraft
 from .ngram import NGramDraft
-from .trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft, measured_dynamic_tree
+from .trees import (DEFAULT_COSTS, AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft, device_class,
+                    measured_dynamic_tree)
 
 # Draft kinds built from a target's EAGLE head (drafts/trees.py), by name; with "n-gram" and "layer-skip", every
 # name ``load_draft`` takes besides a head folder or a draft model.
@@ -36,13 +38,16 @@ REMOVED_HEADS = ("smollm2-135m-eagle", "smollm2-135m-eagle-deep", "smollm2-135m-
 def load_draft(name_or_path: str, target, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
     """A draft for ``target`` by name (``DRAFT_NAMES``): ``"auto"`` (the recommended drafting, ``auto_draft``),
     ``"hybrid-dynamic"`` (lookup branches and EAGLE-2's dynamic tree on the EAGLE head in one tree),
-    ``"dynamic-tree"`` (the dynamic tree alone; both size their trees by this machine's costs, measured at the
-    first load, a few seconds, and then read from its cost profile: ``measured_dynamic_tree``), ``"eagle-tree"`` (the head's adaptive chain with siblings), ``"n-gram"`` (prompt lookup),
+    ``"dynamic-tree"`` (the dynamic tree alone; both size their trees by the costs ``calibrate`` measured on this
+    machine, else by the head's shipped defaults for this kind of device: ``measured_dynamic_tree``), ``"eagle-tree"`` (the head's adaptive chain with siblings), ``"n-gram"`` (prompt lookup),
     ``"layer-skip"`` (the target's own layers, middle third skipped); a feature-level head
     (``"smollm2-135m-eagle-deep-ttt"``, ``"smollm2-135m-medusa"`` or a folder with ``head_config.json``; refused when
     it was trained for another target), or else a draft model (package name, Hugging Face id or local path; its
     tokenizer must match the target's). A removed name (``check_not_removed``) is refused, listing these. Device
     and dtype default to the target's."""
+    if not isinstance(target, torch.nn.Module):
+        raise TypeError(f"load_draft needs the loaded target (a model from sd.load_model) as its second argument, got "
+                        f"{type(target).__name__}")
     check_not_removed(name_or_path)
     if name_or_path == "n-gram":
         return NGramDraft()
@@ -50,7 +55,7 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
         return LayerSkipDraft(target)
     if name_or_path in TREE_DRAFTS:
         return tree_draft(name_or_path, target)
-    path = resolve_name(name_or_path)
+    path = resolve_name(name_or_path, also=DRAFT_NAMES)
     if is_head_dir(path):
         return load_head(path, target)
     state = static_state(target)  # a draft model takes the target's cache kind and sits at its input
@@ -87,11 +92,39 @@ def tree_draft(name: str, target, head: str | None = None):
             return LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"])
         raise ValueError(f"draft {name!r} needs an EAGLE head trained for this target under {drafts_dir()}; "
                          "train one (notebooks/00_train_heads.ipynb) or use 'auto' (lookup trees without a head)")
-    eagle = load_head(drafts_dir() / (head or recommended_eagle(eagle_names)), target)
+    folder = drafts_dir() / (head or recommended_eagle(eagle_names))
+    eagle = load_head(folder, target)
     if name == "eagle-tree":
         return head_tree_drafts(eagle)[name]
-    built = head_tree_drafts(eagle, target)
+    built = head_tree_drafts(eagle, target, default_costs(folder))
     return auto_draft(built, eagle) if name == "auto" else built[name]
+
+
+def default_costs(head_folder) -> dict:
+    """The dynamic-tree costs a head ships for each kind of device ({device class: costs}, ``trees.DEFAULT_COSTS``
+    in its folder; {} where it ships none)."""
+    path = Path(head_folder) / DEFAULT_COSTS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def calibrate(target, head: str | None = None, ship: bool = False) -> dict:
+    """Measure this machine's dynamic-tree costs for ``target``'s EAGLE head (``head``, by default the recommended
+    one) now, and keep them in the cost profiles, where every later load of "auto" and the dynamic trees reads
+    them (until then the head's shipped defaults for this kind of device serve). Run it on a quiet machine: a
+    measurement that spreads too far is not kept, and says so. ``ship=True`` also writes them into the head's
+    folder as the shipped defaults for this device class (for the project's maintainers). Returns the costs."""
+    eagle_names = [n for n in heads_for(target) if read_head_config(drafts_dir() / n).kind == "eagle"]
+    if not eagle_names:
+        raise ValueError(f"no EAGLE head under {drafts_dir()} was trained for this target: nothing to calibrate")
+    folder = drafts_dir() / (head or recommended_eagle(eagle_names))
+    costs = measured_dynamic_tree(load_head(folder, target), target, remeasure=True).costs
+    if ship:
+        if costs["file"] is None:
+            raise RuntimeError("the measurement was not kept (too noisy, or the cache is read-only): not shipped")
+        saved = json.loads(Path(costs["file"]).read_text())["costs"]
+        shipped = {**default_costs(folder), device_class(target): saved}
+        (folder / DEFAULT_COSTS).write_text(json.dumps(shipped, indent=1, sort_keys=True) + "\n")
+    return costs
 
 
 def auto_draft(built: dict, eagle: EagleDraft) -> ByTemperature:
@@ -112,14 +145,15 @@ def recommended_eagle(eagle_names: list[str]) -> str:
     return EMBEDDED_EAGLE_DEEP_TTT if EMBEDDED_EAGLE_DEEP_TTT in eagle_names else eagle_names[0]
 
 
-def head_tree_drafts(eagle: EagleDraft, target=None) -> dict:
+def head_tree_drafts(eagle: EagleDraft, target=None, defaults: dict | None = None) -> dict:
     """The tree drafters built on one EAGLE head, by ``TREE_DRAFTS`` name, with the recommended settings
     (``AUTO_SETTINGS``): "eagle-tree" (its adaptive threshold reads q's entropy at T > 0) and, given ``target``, the
-    dynamic trees, with costs measured once on this machine (``measured_dynamic_tree``), shared by both."""
+    dynamic trees, shared by both, with this machine's calibrated costs, else the head's shipped ``defaults`` for
+    this kind of device, else costs measured once here (``measured_dynamic_tree``)."""
     adaptive = AdaptiveLength(threshold=AUTO_SETTINGS["adaptive_threshold"], entropy=True)
     built = {"eagle-tree": EagleTreeDraft(eagle, width=AUTO_SETTINGS["head_width"], adaptive=adaptive)}
     if target is not None:
-        dynamic = measured_dynamic_tree(eagle, target)
+        dynamic = measured_dynamic_tree(eagle, target, defaults=defaults)
         built.update({"dynamic-tree": dynamic,
                       "hybrid-dynamic": HybridTreeDraft(LookupTreeDraft(branches=AUTO_SETTINGS["lookup_branches"]),
                                                         dynamic)})
@@ -132,6 +166,7 @@ def check_draft_name(name_or_path: str) -> None:
     check_not_removed(name_or_path)
     if name_or_path in DRAFT_NAMES or is_head_dir(Path(name_or_path).expanduser()):
         return
+    resolve_name(name_or_path, also=DRAFT_NAMES)  # refuses an unknown name at once, listing the draft kinds too
     check_model_name(name_or_path)
 
 
@@ -143,6 +178,8 @@ def load_pair(target: str = EMBEDDED_TARGET, draft: str = EMBEDDED_DRAFT, device
     ``load_model`` ("auto" by default); the draft follows the target's. ``load_options`` (``device_map``,
     ``cache``, ``max_cache_len``, ``compile``) go to ``load_model`` for the target; a draft model gets the same
     cache kind, on the device where the target takes its input."""
+    if isinstance(draft, str):
+        check_draft_name(draft)  # before the target loads: a misspelt draft costs no wait
     target_model, tokenizer = load_model(target, device, dtype, **load_options)
     return target_model, load_draft(draft, target_model), tokenizer
 
@@ -227,7 +264,8 @@ def drafts_for_pair(target, draft_model=None, heads="auto", layer_skip_exit: int
     drafts["n-gram"] = NGramDraft()
     eagle = loaded[recommended] if recommended else None
     if eagle is not None:  # the trees on the same head, and auto
-        built = head_tree_drafts(eagle, target)
+        folder = drafts_dir() / recommended if is_head_dir(drafts_dir() / recommended) else Path(recommended)
+        built = head_tree_drafts(eagle, target, default_costs(folder))
         drafts.update({label: built[name] for name, label in TREE_LABELS.items()})
         drafts[AUTO_LABEL] = auto_draft(built, eagle)
     else:

@@ -342,23 +342,38 @@ def dynamic_tree_costs_from_json(saved: dict) -> dict:
     return costs
 
 
+DEFAULT_COSTS = "default_costs.json"  # in a head's folder: {device class: dynamic-tree costs}, shipped defaults
+
+
+def device_class(target) -> str:
+    """The kind of device whose shipped default costs apply to ``target``: its device type and dtype
+    ("cpu-bfloat16", "cuda-bfloat16", ...)."""
+    settings = machine_settings(target)
+    return f"{settings['device']}-{settings['dtype']}"
+
+
 def measured_dynamic_tree(eagle: EagleDraft, target, top_k: int = 4, max_depth: int = 8, repeats: int = 5,
-                          tokens=(1, 2, 4, 8, 16, 32, 64), passes: int = 3,
-                          remeasure: bool = False) -> DynamicTreeDraft:
+                          tokens=(1, 2, 4, 8, 16, 32, 64), passes: int = 3, remeasure: bool = False,
+                          defaults: dict | None = None) -> DynamicTreeDraft:
     """A ``DynamicTreeDraft`` with this machine's costs: v(n) of ``target`` for n in ``tokens`` (interpolated by
     ``v_at``) and the head's cost per depth, in the target's decode steps, each the median of ``passes`` passes of
     ``repeats`` timings (``measure_dynamic_tree_costs``). A CPU's v(n) climbs early and keeps trees small; a GPU's
     stays near 1 and lets them grow. Measured once per machine and setting and kept in a profile file
     (``core.cost_profiles``: under ``paths.cost_profiles_dir()``, keyed by ``dynamic_tree_profile_key``); a later
     call with the same key reads it, and prints one line naming the file. ``remeasure=True``, or deleting the file,
-    measures again. The costs, their spread over the passes and where they came from (``source`` "measured" or
-    "read", ``file``, ``measured_at``, and the ``load_average`` on ``cpus`` then) are kept in ``costs``."""
+    measures again. ``defaults`` ({device class: costs}, a head folder's ``DEFAULT_COSTS``): where one is given for
+    this device class (``device_class``), it serves instead of a first measurement, so every run drafts the same
+    trees until ``remeasure=True`` (``drafts.loading.calibrate``) keeps this machine's costs. The costs, their
+    spread over the passes and where they came from (``source`` "measured", "read" or "default", ``file``,
+    ``measured_at``, and the ``load_average`` on ``cpus`` then) are kept in ``costs``."""
     key = dynamic_tree_profile_key(eagle, target, top_k, max_depth, tokens, repeats, passes)
 
     def measure():
         return measure_dynamic_tree_costs(eagle, target, top_k, max_depth, tokens, repeats, passes)
 
-    costs = kept_or_measured("dynamic-tree", key, measure, dynamic_tree_costs_from_json, remeasure=remeasure)
+    kind = device_class(target)
+    costs = kept_or_measured("dynamic-tree", key, measure, dynamic_tree_costs_from_json, remeasure=remeasure,
+                             default=(defaults or {}).get(kind), default_name=kind)
     return DynamicTreeDraft(eagle, functools.partial(v_at, costs["v"]), costs["head_cost"], top_k, costs=costs)
 
 
