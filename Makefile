@@ -44,10 +44,12 @@ browser:
 	else echo "the browser test needs chromium and chromedriver: sudo apt-get install chromium chromium-driver"; fi
 
 # notebooks run in smoke mode under nbval: SPECDEC_SMOKE=1 switches each one's `smoke` parameter on
+# both write into the checkout's scratch cache (out/test-cache), never the user's cache folder
+TEST_CACHE := $(CURDIR)/out/test-cache
 test: setup browser
-	$(BIN)/python -m pytest tests -q -p no:cacheprovider
+	SPECDEC_LITE_CACHE=$(TEST_CACHE) $(BIN)/python -m pytest tests -q -p no:cacheprovider
 ifneq ($(NOTEBOOKS),)
-	SPECDEC_SMOKE=1 $(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS) -q -p no:cacheprovider
+	SPECDEC_LITE_CACHE=$(TEST_CACHE) SPECDEC_SMOKE=1 $(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS) -q -p no:cacheprovider
 endif
 
 # retrain the drafts and heads from the target-made text (restored first from the repository's history into the

@@ -1,14 +1,44 @@
-"""Shared fixtures: tiny random Hugging Face Llama models (made here, no download) and the embedded target."""
+"""Shared fixtures: tiny random Hugging Face Llama models (made here, no download) and the embedded target.
+
+The tests never write into the user's cache folder: unless ``SPECDEC_LITE_CACHE`` names one (``make test`` sets it),
+they use the checkout's scratch cache ``out/test-cache`` (the embedded target's conversion is made there once), and
+the session fails if the user's cache changed while it ran."""
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdec_lite as sd
+from specdec_lite import paths
+
+USER_CACHE = Path.home() / ".cache" / "specdec_lite"
+os.environ.setdefault(paths.CACHE_ENV, str(Path(__file__).resolve().parents[1] / "out" / "test-cache"))
 
 # SPECDEC_TEST_DEVICE=cuda runs the model tests on a GPU (make gpu-check)
 DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
+
+
+def snapshot(folder: Path) -> dict:
+    """{file: (size, mtime)} of everything under ``folder`` ({} where it does not exist)."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()} \
+        if folder.is_dir() else {}
+
+
+def pytest_sessionstart(session):
+    session.config.user_cache_before = snapshot(USER_CACHE)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run where a test wrote into the user's cache folder (unless the run was pointed at it)."""
+    if Path(os.environ[paths.CACHE_ENV]).expanduser().resolve() == USER_CACHE.resolve():
+        return
+    before, after = session.config.user_cache_before, snapshot(USER_CACHE)
+    changed = sorted(f for f in set(before) | set(after) if before.get(f) != after.get(f))
+    if changed:
+        print(f"\nthe tests wrote into the user's cache folder {USER_CACHE}: {changed[:5]}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def tiny_llama(vocab=64, layers=4, hidden=32, seed=0, max_positions=256):
