@@ -140,7 +140,8 @@ def test_entry_points_are_the_documented_ones():
                                    "specdec_lite.train.corpus", "specdec_lite.train.features", "specdec_lite.train.teacher",
                                    "specdec_lite.train.eagle3", "specdec_lite.train.continued", "specdec_lite.train.self_prompts",
                                    "specdec_lite.train.restore", "specdec_lite.train.gpu_train",
-                                   "specdec_lite.serve", "specdec_lite.drafts.calibrate"}
+                                   "specdec_lite.serve", "specdec_lite.drafts.calibrate",
+                                   "specdec_lite.repro.greedy_load"}
 
 
 @pytest.mark.parametrize("module", sorted(entry_points()))

@@ -175,14 +175,14 @@ def test_a_misspelt_draft_name_is_refused_at_once_offline_naming_the_closest(nam
     for refuse in (lambda: sd.load_draft(name, target), lambda: sd.load_pair(draft=name),
                    lambda: check_draft_name(name)):
         start = time.perf_counter()
-        with pytest.raises(FileNotFoundError, match=f"did you mean '{closest}'") as err:
+        with pytest.raises(FileNotFoundError, match=f"Did you mean '{closest}'") as err:
             refuse()
         assert time.perf_counter() - start < 1.0
         assert all(known in str(err.value) for known in DRAFT_NAMES)
 
 
 def test_a_misspelt_model_name_is_refused_at_once_offline(no_network):
-    with pytest.raises(FileNotFoundError, match="did you mean 'smollm2-135m-instruct'"):
+    with pytest.raises(FileNotFoundError, match="Did you mean 'smollm2-135m-instruct'"):
         sd.load_model("smollm2-135m-instrct", device="cpu")
 
 
@@ -333,3 +333,12 @@ def test_a_removed_draft_name_is_refused_listing_the_names_load_draft_takes(name
             refuse()
         assert f"load_draft takes {', '.join(DRAFT_NAMES)}, a head folder" in str(err.value)
     assert set(DRAFT_NAMES) == {"auto", "hybrid-dynamic", "dynamic-tree", "eagle-tree", "n-gram", "layer-skip"}
+
+
+def test_the_server_refuses_a_misspelt_draft_in_one_line_without_a_traceback():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "specdec_lite.serve", "--draft", "ngram"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "Did you mean 'n-gram'" in run.stderr and "Traceback" not in run.stderr

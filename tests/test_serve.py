@@ -15,7 +15,7 @@ import specdec_lite as sd
 from specdec_lite.core.tokenizers import chat_ids
 from specdec_lite.drafts.trees import LookupTreeDraft
 from specdec_lite.repro.toy import random_pair
-from specdec_lite.serve import PLAIN, Engine, Stopped, build_app, check_body
+from specdec_lite.serve import PLAIN, Engine, Refused, build_app, check_body
 
 CHAT = [{"role": "user", "content": "Count to a thousand."}]
 
@@ -56,16 +56,21 @@ def test_each_row_of_a_batch_may_have_its_own_max_new_tokens():
 
 def test_requests_the_server_cannot_run_are_refused_saying_what_to_do():
     good = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    assert check_body(good, "m") is None
-    assert check_body(dict(good, model="x"), "m")[0] == 404 and "serves 'm'" in check_body(dict(good, model="x"), "m")[1]
-    assert check_body(dict(good, messages=[]), "m")[0] == 400
-    assert check_body(dict(good, messages=[{"role": "user"}]), "m")[0] == 400
-    assert "max_tokens" in check_body(dict(good, max_tokens=-3), "m")[1]
-    assert "max_tokens" in check_body(dict(good, max_tokens=0), "m")[1]
-    assert "n = 1" in check_body(dict(good, n=2), "m")[1]
-    assert check_body(["not", "a", "dict"], "m")[0] == 400
-    assert "temperature must be a number" in check_body(dict(good, temperature="hot"), "m")[1]
-    assert "seed must be an integer" in check_body(dict(good, seed=1.5), "m")[1]
+    assert check_body(good, "m").messages == good["messages"]
+
+    def refusal(body) -> Refused:
+        with pytest.raises(Refused) as caught:
+            check_body(body, "m")
+        return caught.value
+
+    assert refusal(dict(good, model="x")).status == 404 and "serves 'm'" in refusal(dict(good, model="x")).message
+    assert (refusal(dict(good, messages=[])).status, refusal(dict(good, messages=[])).param) == (400, "messages")
+    assert refusal(dict(good, messages=[{"role": "user"}])).param == "messages[0].content"
+    assert refusal(dict(good, max_tokens=-3)).param == "max_tokens" and "max_tokens" in refusal(dict(good, max_tokens=0)).message
+    assert refusal(dict(good, n=2)).param == "n" and "n = 1" in refusal(dict(good, n=2)).message
+    assert refusal(["not", "a", "dict"]).status == 400
+    assert "temperature must be a number" in refusal(dict(good, temperature="hot")).message
+    assert "seed must be an integer" in refusal(dict(good, seed=1.5)).message
 
 
 def test_the_harness_runs_its_requests_inside_a_running_event_loop_too():
@@ -105,8 +110,8 @@ def test_a_reply_ends_at_the_models_own_eos_and_says_why(engine):
 
 @pytest.mark.parametrize("why", ["shutting down", "client gone"])
 def test_a_generation_stops_after_the_round_that_sees_the_server_stop_or_the_client_go(engine, why):
-    """SIGINT or SIGTERM (the app's lifespan sets ``shutting_down``) or a client that went away (``cancelled``)
-    during a generation of up to 200 tokens: it stops after the round in which that happened, counted in rounds."""
+    """The server stopping (``shutting_down``) or a client that went away (``cancelled``) during a generation of up
+    to 200 tokens: it ends after the round in which that happened, with finish_reason "abort"."""
     cancelled, pieces = threading.Event(), []
 
     def on_text(piece):
@@ -114,11 +119,11 @@ def test_a_generation_stops_after_the_round_that_sees_the_server_stop_or_the_cli
         (engine.shutting_down if why == "shutting down" else cancelled).set()
 
     try:
-        with pytest.raises(Stopped):
-            engine.generate(CHAT, 200, 0.0, 1.0, 0, on_text, cancelled)
+        done = engine.generate(CHAT, 200, 0.0, 1.0, 0, on_text, cancelled)
     finally:
         engine.shutting_down.clear()
-    assert len(pieces) == 1
+    assert len(pieces) == 1 and done.finish_reason == "abort" and done.text == pieces[0]
+    assert done.completion_tokens == 2  # the round it was stopped in made its second token
 
 
 # ---------------------------------------------------------------- batching
@@ -254,8 +259,7 @@ def test_a_client_that_goes_away_leaves_the_batch_and_the_others_go_on(engine, m
     leaving = engine.submit(CHATS[0], 12, 0.0, 1.0, 0, lambda piece: gone.set(), gone)  # leaves after one round
     staying = engine.submit(CHATS[1], 12, 0.0, 1.0, 0, lambda _: None, threading.Event())
     done = staying.result.result(timeout=120)
-    with pytest.raises(Stopped):
-        leaving.result.result()
+    assert leaving.result.result().finish_reason == "abort"
     assert (done.text, done.completion_tokens) == alone(engine, CHATS[1], 12)[:2]
 
 

@@ -252,7 +252,7 @@ def resolve_name(name_or_path: str, also: tuple = ()) -> str:
 def unknown_name_message(name: str, known: list[str]) -> str:
     """Why ``name`` names nothing loadable, the names that are, and the closest of them."""
     closest = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    hint = f"did you mean {closest[0]!r}? " if closest else ""
+    hint = f"Did you mean {closest[0]!r}? " if closest else ""
     where = "no folder is there" if ("/" in name or name.startswith((".", "~"))) else "it is not a name known here"
     return (f"{name!r} cannot be loaded: {where}, and it is not a Hugging Face id ('org/name'). {hint}Known names: "
             f"{', '.join(known)}; or give a folder saved with save_pretrained, or a hub id such as "

@@ -11,6 +11,7 @@
   bench, demo                    a timing harness against transformers, a short demonstration
   gpu_bench                      the GPU check's benchmark: real model shapes, eager against compiled
   endpoints                      OpenAI-compatible servers benchmarked side by side, and servers in subprocesses
+  greedy_load                    greedy answers and throughput of the plain server under load, per configuration
   checks, claims, report         each claim's tolerance check, claim rows and verdicts, the results document
   notebook                       the notebooks' shared set-up
   figures                        every figure the notebooks and scripts save, drawn to be read at its size

@@ -350,16 +350,23 @@ def llama_cpp_server_command(port: int, gguf: str | Path, model: str, lookup_tok
     return command
 
 
+SERVER_KEY_ENV = "SPECDEC_LITE_API_KEY"  # the API key this package's server reads (serve.API_KEY_ENV)
+
+
 @contextmanager
 def serving(command: list[str], port: int, wait_s: float = 300.0, log: str | Path | None = None):
     """Run a server for the ``with`` block: start ``command``, wait until ``http://127.0.0.1:<port>/v1/models``
     answers (``EndpointError`` if the process exits or ``wait_s`` passes first, with its log's tail), yield the
-    process, and always stop it (SIGTERM, then SIGKILL after 20 s)."""
+    process, and always stop it (SIGTERM, then SIGKILL after 20 s). The server runs without ``SERVER_KEY_ENV``: the
+    harness's local servers take no key."""
     import httpx
 
     log_path = Path(log) if log else Path(os.devnull)
+    # a key in the user's shell would make the local server refuse the harness's unauthenticated requests
+    environment = {name: value for name, value in os.environ.items() if name != SERVER_KEY_ENV}
     with open(log_path, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=environment)
     try:
         deadline = time.monotonic() + wait_s
         while True:
