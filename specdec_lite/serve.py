@@ -3,7 +3,8 @@
     python -m specdec_lite.serve --target smollm2-135m-instruct --draft auto --port 8000
     python -m specdec_lite.serve --draft none --port 8001                  (plain decoding: the baseline)
     python -m specdec_lite.serve --draft smollm2-135m-draft --max-batch 16 (a chain draft: every request batches)
-    python -m specdec_lite.serve --draft none --batch-invariant            (greedy answers independent of the batch)
+    python -m specdec_lite.serve --draft none --dtype bfloat16             (faster on some CPUs; greedy answers then
+                                                                            depend on the requests beside them)
 
 Endpoints (FastAPI and uvicorn):
   /v1/chat/completions  streaming (server-sent events, ``chat.completion.chunk``) or not, with ``usage``; streaming
@@ -43,8 +44,8 @@ require ``Authorization: Bearer <key>`` (401 otherwise); ``/metrics`` and ``/hea
 127.0.0.1; the start-up message says whether a key is required.
 
 Batching: concurrent requests are decoded together, up to ``--max-batch`` of them, as one left-padded batch of the
-loop (each row decoded as it would be alone; ``--batch-invariant`` loads the target with batch-invariant layers, so
-that a greedy answer does not depend on the rows beside it). A request that arrives while a batch runs waits and
+loop (each row decoded as it would be alone; on a CPU the server runs in float32 unless ``--dtype`` says otherwise,
+so that a greedy answer does not depend on the rows beside it: ``server_dtype``). A request that arrives while a batch runs waits and
 joins the next batch (rows are not added to a running batch); a batch that starts on an idle server waits
 ``--gather-ms`` for requests sent at the same time. Requests share a batch only when they sample alike: greedy ones
 (temperature 0) together, others with the same temperature, top_p and seed (one random generator per batch: at
@@ -413,15 +414,14 @@ class Engine:
     batches (``max_batch`` rows at most; 1: one request at a time) and decodes one batch at a time."""
 
     def __init__(self, target: str, draft, device: str, dtype: str, gamma: int, name: str, max_batch: int = 16,
-                 gather_ms: float = 10.0, batch_invariant: bool = False):
-        """``draft``: ``PLAIN``, any name ``load_draft`` takes, or a drafter object; ``batch_invariant``: the
-        target's layers made batch-invariant (``load_model``), so greedy answers do not depend on the batch."""
+                 gather_ms: float = 10.0):
+        """``draft``: ``PLAIN``, any name ``load_draft`` takes, or a drafter object."""
         from .core.models import load_model
         from .drafts.loading import load_draft
 
         if not isinstance(max_batch, int) or max_batch < 1 or gather_ms < 0:
             raise ValueError(f"max_batch must be an integer >= 1 and gather_ms >= 0, got {max_batch}, {gather_ms}")
-        self.model, self.tokenizer = load_model(target, device, dtype, batch_invariant=batch_invariant)
+        self.model, self.tokenizer = load_model(target, device, dtype)
         if draft == PLAIN:
             self.draft = None
         else:
@@ -908,6 +908,15 @@ async def stream(engine: Engine, job: Request, pieces: asyncio.Queue, request_id
 
 
 # ---------------------------------------------------------------- the command
+def server_dtype(device: str) -> str:
+    """The dtype a server runs in when none is asked for: float32 on a CPU, where batched greedy answers are the same
+    as alone (half precision rounds a batch's forward differently, so a greedy answer can change with the requests
+    beside it; ``repro.greedy_load`` measures both), else the device's "auto" dtype."""
+    from .core.models import resolve_device
+
+    return "float32" if resolve_device(device).type == "cpu" else "auto"
+
+
 def check_arguments(target: str, draft: str, device: str, dtype: str) -> None:
     """A clear error, before anything loads, for a name that cannot be loaded, a device that is not there or a
     dtype it cannot run (the checks the notebooks run too)."""
@@ -954,9 +963,8 @@ def main(argv=None):
     parser.add_argument("--gather-ms", type=float, default=10.0, help="how long a batch starting on an idle server "
                         "waits for requests sent at the same time")
     parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'cuda:N' or 'auto'")
-    parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
-    parser.add_argument("--batch-invariant", action="store_true", help="load the target with batch-invariant "
-                        "layers: a greedy answer does not depend on the requests that share its batch (slower)")
+    parser.add_argument("--dtype", default=None, help=f"{DTYPE_HELP}; default: float32 on a CPU, where a greedy "
+                        "answer is the same alone or in a batch (in bfloat16 it may not be), else auto")
     parser.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: torch's default)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -976,6 +984,7 @@ def main(argv=None):
     if args.max_body_bytes < 1 or not args.body_timeout > 0 or not args.drain_seconds >= 0:
         parser.error(f"--max-body-bytes must be >= 1, --body-timeout > 0 and --drain-seconds >= 0, got "
                      f"{args.max_body_bytes}, {args.body_timeout} and {args.drain_seconds}")
+    args.dtype = args.dtype or server_dtype(args.device)
     try:
         check_arguments(args.target, args.draft, args.device, args.dtype)
     except (ValueError, TypeError, FileNotFoundError) as err:
@@ -986,8 +995,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Engine(args.target, args.draft, args.device, args.dtype, args.gamma,
-                    args.served_model_name or args.target, max_batch=args.max_batch, gather_ms=args.gather_ms,
-                    batch_invariant=args.batch_invariant)
+                    args.served_model_name or args.target, max_batch=args.max_batch, gather_ms=args.gather_ms)
     for mode, reason in engine.refusals.items():
         if reason and args.max_batch > 1:
             print(f"specdec_lite.serve: {mode} requests run one at a time: {reason}", file=sys.stderr, flush=True)

@@ -294,20 +294,12 @@ def test_the_start_up_message_says_whether_a_key_is_required():
     assert "no API key is required" in startup_message("127.0.0.1", 8000, "m", "")
 
 
-def test_batch_invariant_loads_the_target_with_batch_invariant_layers(local_pairs, monkeypatch):
-    """``--batch-invariant`` reaches ``load_model`` (the tiny model's layers cannot be made batch-invariant on
-    every CPU, so the load itself is the real one without the flag)."""
-    from specdec_lite.core import models
+def test_on_a_cpu_the_server_runs_in_float32_unless_told_otherwise():
+    """Batched greedy answers in float32 are the lone ones (the greedy-load test below); in bfloat16 they may not
+    be, so the server's default dtype on a CPU is float32; --dtype still chooses."""
+    from specdec_lite.serve import server_dtype
 
-    real, asked = models.load_model, []
-
-    def recording(*args, batch_invariant=False, **kwargs):
-        asked.append(batch_invariant)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(models, "load_model", recording)
-    Engine(str(local_pairs / "tiny-1l"), PLAIN, "cpu", "float32", gamma=4, name="tiny", batch_invariant=True).close()
-    assert asked == [True]
+    assert server_dtype("cpu") == "float32"
 
 
 # ---------------------------------------------------------------- a real uvicorn server
@@ -570,20 +562,22 @@ def test_sigterm_drains_running_streams_refuses_new_requests_and_exits(local_pai
 
 # ---------------------------------------------------------------- the greedy-load measurement
 def test_the_greedy_load_measurement_runs_and_writes_its_table(local_pairs, tmp_path, capsys, monkeypatch):
-    """A configuration whose server does not start (here: a bad flag) gets a row saying why; the others run."""
-    monkeypatch.setitem(greedy_load.CONFIGS, "broken", ("auto", ["--gamma", "0"]))
+    """A configuration whose server does not start (here: a dtype it refuses) gets a row saying why; the others
+    run."""
+    monkeypatch.setitem(greedy_load.CONFIGS, "broken", "fp8")
     out = tmp_path / "greedy_load.csv"
     greedy_load.main(["--target", str(local_pairs / "tiny-2l"), "--configs", "float32", "broken", "--concurrency",
                       "1", "3", "--prompts", "3", "--max-tokens", "4", "--out", str(out)])
     everything = pd.read_csv(out)
-    assert "--gamma" in everything["not_run"].iloc[-1] and everything["config"].iloc[-1] == "broken"
+    assert "fp8" in everything["not_run"].iloc[-1] and everything["config"].iloc[-1] == "broken"
     table = everything.iloc[:-1]
     assert list(table["concurrency"]) == [1, 3] and list(table["config"]) == ["float32"] * 2
     assert (table["completion_tokens"] == 12).all() and (table["tokens_per_s"] > 0).all()  # no EOS: 4 tokens each
     assert (table["differ_from_alone"] == 0).all()  # float32 on the tiny model: batched answers are the lone ones
     assert "differ_from_alone" in capsys.readouterr().out
-    assert greedy_load.config_command("batch-invariant", 1, "m", 1)[-1] == "--batch-invariant"
+    auto = greedy_load.config_command("auto", 1, "m", 1)
+    assert auto[auto.index("--dtype") + 1] == "auto"
     command = greedy_load.config_command("float32", 1, "m", 1)
     assert command[command.index("--dtype") + 1] == "float32" and "--draft" in command
-    with pytest.raises(ValueError, match="choose from default, batch-invariant, float32"):
+    with pytest.raises(ValueError, match="choose from auto, float32"):
         greedy_load.config_command("fp8", 1, "m", 1)

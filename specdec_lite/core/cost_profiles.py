@@ -104,7 +104,7 @@ def write_profile(path: Path, key: dict, costs: dict) -> None:
         raise
 
 
-MAX_SPREAD = 0.25  # a profile whose passes differ by more than this fraction of their median is not kept
+MAX_SPREAD = 1.0  # passes that differ by more than their median (another process shared the cores): not kept
 
 
 def kept_or_measured(kind: str, key: dict, measure, parse, remeasure: bool = False, default: dict | None = None,
@@ -130,7 +130,9 @@ def kept_or_measured(kind: str, key: dict, measure, parse, remeasure: bool = Fal
         except (ValueError, TypeError, KeyError) as e:
             why = f"{path} holds malformed costs ({type(e).__name__}: {e})"
     if default is not None and not remeasure:
-        print(f"{kind} costs: the shipped defaults for {default_name} ({why}; calibrate() measures this machine's)")
+        where = default.get("processor", "another machine")
+        print(f"{kind} costs: the shipped defaults for {default_name}, measured on {where} ({why}; calibrate() "
+              "measures this machine's)")
         return {**parse(default), **{name: default.get(name) for name in CONTEXT}, "source": "default",
                 "file": None}
     measured = measure()

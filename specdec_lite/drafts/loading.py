@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.cost_profiles import machine_settings
 from ..core.drafter import ByTemperature
 from ..core.lm import model_device, static_state, tokenizer_of
 from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_TARGET, check_model_name, load_model,
@@ -121,7 +122,8 @@ def calibrate(target, head: str | None = None, ship: bool = False) -> dict:
     if ship:
         if costs["file"] is None:
             raise RuntimeError("the measurement was not kept (too noisy, or the cache is read-only): not shipped")
-        saved = json.loads(Path(costs["file"]).read_text())["costs"]
+        saved = {**json.loads(Path(costs["file"]).read_text())["costs"],
+                 "processor": machine_settings(target)["processor"]}  # where the defaults were measured
         shipped = {**default_costs(folder), device_class(target): saved}
         (folder / DEFAULT_COSTS).write_text(json.dumps(shipped, indent=1, sort_keys=True) + "\n")
     return costs

@@ -4,9 +4,9 @@ does keeping it the same cost?
     python -m specdec_lite.repro.greedy_load                       (the embedded target, three configurations)
     python -m specdec_lite.repro.greedy_load --configs default float32 --concurrency 1 4 --prompts 8
 
-For each configuration of the plain server (``python -m specdec_lite.serve --draft none``): ``default`` (the
-default dtype), ``batch-invariant`` (``--batch-invariant``) and ``float32`` (``--dtype float32``), a server is
-started, every prompt is sent alone, one after another (the reference answers), then all of them again at each
+For each configuration of the plain server (``python -m specdec_lite.serve --draft none``): ``auto`` (the dtype
+the device decodes fastest in: bfloat16 on CPUs with native bfloat16, ``--dtype auto``) and ``float32`` (the
+server's default on a CPU, ``serve.server_dtype``), a server is started, every prompt is sent alone, one after another (the reference answers), then all of them again at each
 concurrency (that many requests in flight at once, so that they share batches), greedy (temperature 0) with
 ``--max-tokens`` each. One row per configuration and concurrency: the throughput (completion tokens of all the
 requests over the wall time of the pass) and how many answers differ from the same request's reference. The table
@@ -27,8 +27,7 @@ from ..core.models import EMBEDDED_TARGET
 from .endpoints import EndpointError, free_port, local_server_command, run_coroutine, save, serving
 from .tasks import TASKS, load_prompts
 
-CONFIGS = {"default": ("auto", []), "batch-invariant": ("auto", ["--batch-invariant"]),
-           "float32": ("float32", [])}  # name: (--dtype, other flags of the server)
+CONFIGS = {"auto": "auto", "float32": "float32"}  # name: the server's --dtype
 CONCURRENCY = (1, 4, 16)
 
 
@@ -36,8 +35,7 @@ def config_command(config: str, port: int, target: str, threads: int) -> list[st
     """The plain server's command for ``config`` (one of ``CONFIGS``)."""
     if config not in CONFIGS:
         raise ValueError(f"unknown configuration {config!r}: choose from {', '.join(CONFIGS)}")
-    dtype, flags = CONFIGS[config]
-    return local_server_command(port, target, "none", dtype=dtype, threads=threads) + flags
+    return local_server_command(port, target, "none", dtype=CONFIGS[config], threads=threads)
 
 
 async def answer(client, url: str, model: str, prompt: str, max_tokens: int) -> tuple[str, int]:
@@ -87,8 +85,7 @@ def measure_config(config: str, target: str, prompts: list[str], concurrencies, 
 def measure(target: str, prompts: list[str], configs=tuple(CONFIGS), concurrencies=CONCURRENCY,
             max_tokens: int = 48, threads: int = 1) -> pd.DataFrame:
     """The table: a row per configuration and concurrency (see the module's text). A configuration whose server
-    does not start (``--batch-invariant`` refuses CPUs whose kernels cannot give it) gets one row saying why, and
-    the others are still measured."""
+    does not start (a dtype the device cannot run) gets one row saying why, and the others are still measured."""
     if not prompts or any(not isinstance(c, int) or c < 1 for c in concurrencies) or max_tokens < 1:
         raise ValueError(f"give at least one prompt, concurrencies >= 1 and max_tokens >= 1, got {len(prompts)} "
                          f"prompts, {list(concurrencies)} and {max_tokens}")
