@@ -32,8 +32,20 @@ from .drafts.layer_skip import LayerSkipDraft
 from .drafts.loading import calibrate, load_draft, load_pair
 from .drafts.ngram import NGramDraft
 from .drafts.trees import AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft, SampledTreeDraft
-from .repro import theory
-from .repro.toy import MarkovLM
+
+
+
+def __getattr__(name: str):
+    """``theory`` and ``MarkovLM`` live in the reproduction (``repro``), loaded on first use: ``import
+    specdec_lite`` loads the loop, not the reproduction."""
+    if name == "theory":
+        from .repro import theory
+        return theory
+    if name == "MarkovLM":
+        from .repro.toy import MarkovLM
+        return MarkovLM
+    raise AttributeError(f"module 'specdec_lite' has no attribute {name!r}")
+
 
 __all__ = [
     "SamplingParams", "verify", "verify_greedy", "load_model", "speculative_generate", "autoregressive_generate",

@@ -125,9 +125,11 @@ def test_import_specdec_lite_is_light():
     assert "specdec_lite.core.decode" in loaded  # the probe sees the package's modules
     heavy = [m for m in loaded if not m.startswith("specdec_lite")]
     assert not heavy, heavy
-    extra = [m for m in loaded if m.startswith(("specdec_lite.train", "specdec_lite.repro.notebook",
-                                                "specdec_lite.repro.evaluate", "specdec_lite.repro.claims"))]
+    extra = [m for m in loaded if m.startswith(("specdec_lite.train", "specdec_lite.repro"))]
     assert not extra, extra
+    code = "import specdec_lite as sd; print(sd.theory.expected_tokens(0.5, 4), sd.MarkovLM.__name__)"
+    on_first_use = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert on_first_use.split() == ["1.9375", "MarkovLM"]
 
 
 def entry_points() -> list[str]:

@@ -118,7 +118,7 @@ def test_bad_sweep_files_are_refused_before_anything_runs(tmp_path, content, mes
 @pytest.mark.parametrize("pair, message", [
     ({"device": "cuda:99"}, r"torch sees (no|\d+) CUDA device"),
     ({"dtype": "float8"}, "dtype 'float8' is not one we run"),
-    ({"target": "/no/such/folder"}, "not a folder, not a package name"),
+    ({"target": "/no/such/folder"}, "cannot be loaded: no folder is there"),
 ])
 def test_bad_pairs_are_refused_with_what_to_do(pair, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):

@@ -163,7 +163,7 @@ def check_request(input_ids, max_length, gamma: int, max_new_tokens: int | list,
 
 def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
     """Every id inside the target's vocabulary (an id outside it would index past the embedding)."""
-    low, high = input_ids.min().item(), input_ids.max().item()
+    low, high = torch.stack([input_ids.min(), input_ids.max()]).tolist()  # one read
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise ValueError(f"input_ids holds the token id {bad}, outside the target's vocabulary (0 to "
