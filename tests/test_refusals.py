@@ -257,7 +257,7 @@ def test_a_right_padded_chat_batch_is_refused(local_pairs):
     chats = [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Write a haiku about caches."}]]
     ids = tok.apply_chat_template(chats, add_generation_prompt=True, padding=True, return_tensors="pt",
                                   return_dict=True)["input_ids"]
-    with pytest.raises(ValueError, match="end the pad token"):
+    with pytest.raises(ValueError, match="rows \\[0\\] end with the pad token"):
         sd.speculative_generate(target, sd.NGramDraft(), ids, max_new_tokens=4)
     assert isinstance(AutoTokenizer.from_pretrained(local_pairs / "tiny-1l").pad_token_id, int)
 

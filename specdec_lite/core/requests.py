@@ -245,7 +245,7 @@ def check_unmasked_padding(input_ids: torch.Tensor, target) -> None:
     right = [b for b, row in enumerate(rows) if row[-1] == pad]
     leading = [next((i for i, token in enumerate(row) if token != pad), len(row)) for row in rows]
     if right or len(set(leading)) > 1:
-        side = f"rows {right} end" if right else f"rows start with {leading} copies of"
+        side = f"rows {right} end with" if right else f"rows start with {leading} copies of"
         raise ValueError(f"{side} the pad token {pad} and no attention_mask was given: this batch looks padded, and "
                          "its pads would be read as prompt tokens. Pad on the left and pass the mask: "
                          "tokenizer(texts, padding=True, padding_side='left', return_tensors='pt') gives input_ids "
