@@ -45,18 +45,18 @@ require ``Authorization: Bearer <key>`` (401 otherwise); ``/metrics`` and ``/hea
 
 Batching: concurrent requests are decoded together, up to ``--max-batch`` of them, as one left-padded batch of the
 loop (each row decoded as it would be alone; on a CPU the server runs in float32 unless ``--dtype`` says otherwise,
-so that a greedy answer does not depend on the rows beside it: ``server_dtype``). A request that arrives while a batch runs waits and
-joins the next batch (rows are not added to a running batch); a batch that starts on an idle server waits
-``--gather-ms`` for requests sent at the same time. Requests share a batch only when they sample alike: greedy ones
-(temperature 0) together, others with the same temperature, top_p and seed (one random generator per batch: at
-temperature > 0 a row's sample depends on the rows beside it). Each request ends at its own end-of-sequence token,
-stop string or ``max_tokens``, or when its client goes away (finish_reason "abort", counted in ``/metrics``): its
-reply, or its stream's end, goes out after that round while the other rows go on, and a batch whose requests have
-all ended stops there (a row whose request ended while others go on is still computed: the loop keeps its rows
-together). The oldest waiting request's kind goes first. Drafting that runs one prompt at a time (token trees:
-``--draft auto`` at temperature 0) serves those requests one at a time, as ``/v1/models`` and the start-up message
-say; ``--max-batch 1`` serves every request alone, first come, first served. For token trees the draft-token
-counter counts tree nodes.
+so that a greedy answer does not depend on the rows beside it: ``server_dtype``). A request that arrives while a
+batch runs waits and joins the next batch (rows are not added to a running batch); a batch that starts on an idle
+server waits ``--gather-ms`` for requests sent at the same time. Requests share a batch only when they sample alike:
+greedy ones (temperature 0) together, others with the same temperature, top_p and seed (one random generator per
+batch: at temperature > 0 a row's sample depends on the rows beside it). Each request ends at its own
+end-of-sequence token, stop string or ``max_tokens``, or when its client goes away (finish_reason "abort", counted
+in ``/metrics``): its reply, or its stream's end, goes out after that round while the other rows go on, and a batch
+whose requests have all ended stops there (a row whose request ended while others go on is still computed: the loop
+keeps its rows together). The oldest waiting request's kind goes first. Drafting that runs one prompt at a time
+(token trees: ``--draft auto`` at temperature 0) serves those requests one at a time, as ``/v1/models`` and the
+start-up message say; ``--max-batch 1`` serves every request alone, first come, first served. For token trees the
+draft-token counter counts tree nodes.
 
 SIGTERM or SIGINT drains: no new connection is accepted and a request that still arrives gets a 503, the requests
 already accepted go on for up to ``--drain-seconds``, then every one still running ends after its round with
@@ -205,8 +205,8 @@ def check_body(body, served: str) -> Chat:
         raise Refused(f"model must be the served model's name, a string, got {shown(model)}: send "
                       f'"model": "{served}" (GET /v1/models)', "model")
     if model != served:
-        raise Refused(f"model {reprlib.repr(model)} is not served here; this server serves {served!r} (GET /v1/models)", "model",
-                      status=404)
+        raise Refused(f"model {reprlib.repr(model)} is not served here; this server serves {served!r} "
+                      "(GET /v1/models)", "model", status=404)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise Refused(f"stream must be true or false (a JSON boolean), got {shown(stream)}", "stream")

@@ -36,6 +36,20 @@ def test_on_round_sees_growing_prefixes_that_end_in_the_returned_tokens():
     assert plain_seen == list(range(1, 8)) and len(plain.tokens) == 7
 
 
+def test_on_round_returning_true_ends_the_run_with_what_it_made():
+    """What a server whose clients have all gone does: the run stops after that round, its statistics counted, its
+    tokens a prefix of the full run's."""
+    target, draft = random_pair(vocab=6, seed=3)
+    full = sd.speculative_generate(target, draft, torch.tensor([0, 1]), gamma=3, max_new_tokens=40, seed=5)
+    rounds = []
+    cut = sd.speculative_generate(target, draft, torch.tensor([0, 1]), gamma=3, max_new_tokens=40, seed=5,
+                                  on_round=lambda rows: rounds.append(1) or len(rounds) == 2)
+    assert cut.stats.rounds == 2 and 2 <= len(cut.tokens) < len(full.tokens)
+    assert torch.equal(cut.tokens, full.tokens[:len(cut.tokens)]) and cut.stats.new_tokens == len(cut.tokens)
+    plain = sd.autoregressive_generate(target, torch.tensor([0, 1]), max_new_tokens=40, on_round=lambda rows: True)
+    assert len(plain.tokens) == 1 and plain.stats.rounds == 1
+
+
 def test_each_row_of_a_batch_may_have_its_own_max_new_tokens():
     """The loop's per-row limits (what a server's batch of requests needs): each row ends at its own, as it would
     alone; a list that does not give one per row is refused."""

@@ -144,7 +144,8 @@ def kept_or_measured(kind: str, key: dict, measure, parse, remeasure: bool = Fal
         return {**parse(measured), **{name: measured[name] for name in CONTEXT}, "source": "measured", "file": None}
     try:
         write_profile(path, key, measured)
-        print(f"{kind} costs measured ({why}{busy_note(measured)}) and saved as {path.name} in paths.cost_profiles_dir()")
+        print(f"{kind} costs measured ({why}{busy_note(measured)}) and saved as {path.name} in "
+              "paths.cost_profiles_dir()")
     except OSError as e:  # a read-only cache: use the costs, measure again next time
         print(f"{kind} costs measured ({why}{busy_note(measured)}) but not saved to {path} ({type(e).__name__}: {e})")
         path = None
@@ -173,5 +174,6 @@ def noise_note(measured: dict) -> str:
 
     for name, (low, mid, high) in triples(measured.get("spread", {})):
         if mid > 0 and (high - low) / mid > MAX_SPREAD:
-            return f"{name} ranged from {low:.4g} to {high:.4g} over the passes (more than {MAX_SPREAD:.0%} of its median)"
+            return (f"{name} ranged from {low:.4g} to {high:.4g} over the passes (more than {MAX_SPREAD:.0%} of its "
+                    "median)")
     return ""

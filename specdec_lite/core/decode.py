@@ -268,23 +268,23 @@ def speculative_generate(target, draft, input_ids, *, attention_mask=None, gamma
                          on_round: Callable[[list], None] | None = None) -> Generation:
     """Speculative decoding: ``draft`` proposes gamma tokens, ``target`` verifies them in one forward.
 
-    target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's
-    tokenizer, a toy model, or a Drafter (``NGramDraft``, ``LayerSkipDraft``, a head, a tree drafter). input_ids:
-    (T,) or (B, T). A batch of prompts of different lengths comes left-padded with its ``attention_mask`` (B, T), as
-    transformers' ``generate`` takes it (``requests.check_padding``); each row is decoded as it would be alone. Batches run
-    on Hugging Face models on the dynamic cache (``lm.py``: masked slots) and on the toy models, with every chain
+    target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's tokenizer, a
+    toy model, or a Drafter (``NGramDraft``, ``LayerSkipDraft``, a head, a tree drafter). input_ids: (T,) or (B, T).
+    A batch of prompts of different lengths comes left-padded with its ``attention_mask`` (B, T), as transformers'
+    ``generate`` takes it (``requests.check_padding``); each row is decoded as it would be alone. Batches run on
+    Hugging Face models on the dynamic cache (``lm.py``: masked slots) and on the toy models, with every chain
     draft, the EAGLE and Medusa heads included (each row's features and head entries are its own, ``heads.py``);
-    token trees and the static cache run one prompt at a time (``requests.check_pair``). With
-    ``sampling.temperature == 0`` each row's output is the target's own greedy output, token for token (bitwise
-    where the target's forwards are batch-invariant, see ``load_model``; a batch's forwards may round differently
-    from a lone prompt's, so a near-tie of the argmax can part a row from it). A row ends at max_new_tokens (an
-    integer, or a list: each row's own) or just after an end-of-sequence token: by default the target's own (its
-    generation config's ``eos_token_id``, as transformers' ``generate``; none for the toy models), else
-    ``eos_token_id`` (an id or a list);
-    ``ignore_eos=True`` runs every row to max_new_tokens (equal work for timing). ``timed=False`` skips the per-round
+    token trees and the static cache run one prompt at a time (``requests.check_pair``). With ``sampling.temperature
+    == 0`` each row's output is the target's own greedy output, token for token (bitwise where the target's forwards
+    are batch-invariant, see ``load_model``; a batch's forwards may round differently from a lone prompt's, so a
+    near-tie of the argmax can part a row from it). A row ends at max_new_tokens (an integer, or a list: each row's
+    own) or just after an end-of-sequence token: by default the target's own (its generation config's
+    ``eos_token_id``, as transformers' ``generate``; none for the toy models), else ``eos_token_id`` (an id or a
+    list); ``ignore_eos=True`` runs every row to max_new_tokens (equal work for timing). ``timed=False`` skips the per-round
     device synchronization (the stats' per-phase seconds then mean little on a GPU). ``verifier`` is the exact
     one unless a test hands in a broken one. ``on_round``, when given, is called after every round with each
-    row's new tokens so far (``Decoding.emitted``): what a server streams as the rounds finish.
+    row's new tokens so far (``Decoding.emitted``): what a server streams as the rounds finish; when it returns True
+    the run ends there, returning what it made so far (a server whose clients have all gone).
     """
     checked = check_generation(target, draft, input_ids, attention_mask=attention_mask, gamma=gamma,
                                max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_token_id=eos_token_id,
