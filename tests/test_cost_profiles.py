@@ -179,3 +179,25 @@ def test_shipped_defaults_serve_every_run_alike_until_a_calibration_is_kept(prof
     calibrated = build(target, defaults={"cpu-float32": default}, remeasure=True).costs
     assert calibrated["source"] == "measured" and calibrated["v"][2] != 9.0
     assert build(target, defaults={"cpu-float32": default}).costs["source"] == "read"
+
+
+def test_calibrate_keeps_this_machines_costs_and_ships_them_per_kind_of_device(profiles, tmp_path, monkeypatch):
+    """sd.calibrate measures the dynamic tree's costs for the target's EAGLE head and keeps them, so "dynamic-tree"
+    reads them; with ship=True they also become the head's defaults for this device class (processor named), which
+    a machine without a kept profile drafts with."""
+    from specdec_lite import paths
+    from specdec_lite.drafts import heads
+
+    target = tiny_llama(vocab=64, seed=0)
+    draft = random_head_draft(target, "eagle")
+    folder = tmp_path / "data" / "drafts" / "tiny-eagle"
+    heads.save_head(draft.head, draft.cfg, None, folder)
+    monkeypatch.setenv(paths.DATA_ENV, str(tmp_path / "data"))
+    costs = sd.calibrate(target, ship=True)
+    assert costs["source"] == "measured" and Path(costs["file"]).exists()
+    shipped = json.loads((folder / trees.DEFAULT_COSTS).read_text())
+    assert list(shipped) == ["cpu-float32"] and shipped["cpu-float32"]["processor"]
+    assert shipped["cpu-float32"]["v"] == {str(n): v for n, v in costs["v"].items()}
+    assert sd.load_draft("dynamic-tree", target).costs["source"] == "read"
+    Path(costs["file"]).unlink()  # another machine of this kind, never calibrated: the shipped defaults
+    assert sd.load_draft("dynamic-tree", target).costs["source"] == "default"

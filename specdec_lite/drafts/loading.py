@@ -40,12 +40,13 @@ def load_draft(name_or_path: str, target, device: str | torch.device | None = No
     """A draft for ``target`` by name (``DRAFT_NAMES``): ``"auto"`` (the recommended drafting, ``auto_draft``),
     ``"hybrid-dynamic"`` (lookup branches and EAGLE-2's dynamic tree on the EAGLE head in one tree),
     ``"dynamic-tree"`` (the dynamic tree alone; both size their trees by the costs ``calibrate`` measured on this
-    machine, else by the head's shipped defaults for this kind of device: ``measured_dynamic_tree``), ``"eagle-tree"`` (the head's adaptive chain with siblings), ``"n-gram"`` (prompt lookup),
-    ``"layer-skip"`` (the target's own layers, middle third skipped); a feature-level head
-    (``"smollm2-135m-eagle-deep-ttt"``, ``"smollm2-135m-medusa"`` or a folder with ``head_config.json``; refused when
-    it was trained for another target), or else a draft model (package name, Hugging Face id or local path; its
-    tokenizer must match the target's). A removed name (``check_not_removed``) is refused, listing these. Device
-    and dtype default to the target's."""
+    machine, else by the head's shipped defaults for this kind of device: ``measured_dynamic_tree``),
+    ``"eagle-tree"`` (the head's adaptive chain with siblings), ``"n-gram"`` (prompt lookup), ``"layer-skip"``
+    (the target's own layers, middle third skipped); a feature-level head (``"smollm2-135m-eagle-deep-ttt"``,
+    ``"smollm2-135m-medusa"`` or a folder with ``head_config.json``; refused when it was trained for another
+    target), or else a draft model (package name, Hugging Face id or local path; its tokenizer must match the
+    target's). A removed name (``check_not_removed``) is refused, listing these. Device and dtype default to the
+    target's."""
     if not isinstance(target, torch.nn.Module):
         raise TypeError(f"load_draft needs the loaded target (a model from sd.load_model) as its second argument, got "
                         f"{type(target).__name__}")
@@ -84,7 +85,7 @@ def tree_draft(name: str, target, head: str | None = None):
     """A drafter by ``TREE_DRAFTS`` name, on an EAGLE head trained for ``target`` under the drafts folder
     (``heads_for``): ``head`` names it, by default ``recommended_eagle``'s. "auto" is the lookup tree for a target
     without one; the others need one."""
-    eagle_names = [n for n in heads_for(target) if read_head_config(drafts_dir() / n).kind == "eagle"]
+    eagle_names = eagle_heads_for(target)
     if head is not None and head not in eagle_names:
         raise ValueError(f"head {head!r} is not an EAGLE head trained for this target under {drafts_dir()}; "
                          f"those are {eagle_names or 'none'}")
@@ -114,7 +115,7 @@ def calibrate(target, head: str | None = None, ship: bool = False) -> dict:
     them (until then the head's shipped defaults for this kind of device serve). Run it on a quiet machine: a
     measurement that spreads too far is not kept, and says so. ``ship=True`` also writes them into the head's
     folder as the shipped defaults for this device class (for the project's maintainers). Returns the costs."""
-    eagle_names = [n for n in heads_for(target) if read_head_config(drafts_dir() / n).kind == "eagle"]
+    eagle_names = eagle_heads_for(target)
     if not eagle_names:
         raise ValueError(f"no EAGLE head under {drafts_dir()} was trained for this target: nothing to calibrate")
     folder = drafts_dir() / (head or recommended_eagle(eagle_names))
@@ -199,6 +200,11 @@ def heads_for(target) -> list[str]:
             continue
         names.append(folder.name)
     return names
+
+
+def eagle_heads_for(target) -> list[str]:
+    """The EAGLE heads among ``heads_for(target)``: what the token trees draft with."""
+    return [name for name in heads_for(target) if read_head_config(drafts_dir() / name).kind == "eagle"]
 
 
 def head_label(draft) -> str:
