@@ -243,7 +243,9 @@ def resolve_name(name_or_path: str, also: tuple = ()) -> str:
     folder = Path(name).expanduser()
     if folder.is_dir():
         return str(folder)
-    if looks_like_hub_id(name) and (in_hub_cache(name) or "/" in name):
+    if looks_like_hub_id(name) and in_hub_cache(name):
+        return name
+    if looks_like_hub_id(name) and "/" in name:
         check_hub_reachable(name)
         return name
     raise FileNotFoundError(unknown_name_message(name, [*also, *package_names()]))
@@ -270,10 +272,8 @@ def in_hub_cache(repo_id: str) -> bool:
 
 
 def check_hub_reachable(repo_id: str, timeout: float = 3.0) -> None:
-    """Refuse at once a hub id that is not in the cache when the hub cannot be reached (``HF_HUB_OFFLINE`` set, or
-    no connection to its host within ``timeout`` seconds), instead of transformers' retries."""
-    if in_hub_cache(repo_id):
-        return
+    """Refuse at once a hub id (not in the cache) when the hub cannot be reached (``HF_HUB_OFFLINE`` set, or no
+    connection to its host within ``timeout`` seconds), instead of transformers' retries."""
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     host, port = endpoint.hostname, endpoint.port or (80 if endpoint.scheme == "http" else 443)
