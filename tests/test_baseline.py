@@ -97,7 +97,7 @@ def test_the_bench_table_gives_medians_speeds_and_greedy_identity_per_configurat
                                                        ("bfloat16", "auto", auto16, pid == "a", 40.0)):
             rows.append({"id": pid, "task": "translation" if pid == "c" else "code", "temperature": 0.0,
                          "configuration": config, "method": f"{method}, {config}",
-                         "seconds": seconds, "new_tokens": 100, "plain": method != "auto",
+                         "seconds": seconds, "new_tokens": 100, "plain": method != "auto", "warmup_seconds": 2.0,
                          "same_as_baseline": same, "first_divergence": math.nan if same else diverge,
                          "speedup_same_config": (plain16 if config == "bfloat16" else plain32) / seconds,
                          "kind": "speculative" if method == "auto" else "plain",

@@ -118,8 +118,8 @@ class TruthLM(HFCausalLM):
         self.compact_min = compact_min
         self.tokens, self.max_error, self.checks, self.compactions, self.mirrored = [], 0.0, 0, 0, True
 
-    def reset(self, batch_size, padding=None):
-        super().reset(batch_size, padding)
+    def reset(self, batch_size, padding=None, tokens=None):
+        super().reset(batch_size, padding, tokens)
         self.tokens = [[] for _ in range(batch_size)]
 
     def feed(self, tokens, num_logits=None, hidden_layers=None):

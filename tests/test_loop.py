@@ -55,8 +55,8 @@ class CheckedLM(HFCausalLM):
         self.checks = 0
         self.max_error = 0.0
 
-    def reset(self, batch_size):
-        super().reset(batch_size)
+    def reset(self, batch_size, padding=None, tokens=None):
+        super().reset(batch_size, padding, tokens)
         self.history = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
 
     def feed(self, tokens, num_logits=None):

@@ -1,5 +1,7 @@
 """The static-cache path (preallocated KV cache, rollback by moving a length, compilable forwards) and models
 placed across devices: same loop, same verifier, same answers as the dynamic path."""
+import logging
+
 import pytest
 import torch
 
@@ -50,7 +52,7 @@ def test_greedy_identity_on_the_static_path(static_pair, kind):
                      for key, cache in static_state(target).caches.items()})
     # the target's cache at batch 1, and its draft cache when it drafts for itself: the same tensors both times
     roles = ["target", "draft"] if kind == "target as its own draft" else ["target"]
-    assert sorted(kept[0]) == sorted((role, 1) for role in roles) and kept[1] == kept[0]
+    assert sorted(kept[0]) == sorted((role, 1, 128) for role in roles) and kept[1] == kept[0]
 
 
 def test_layer_skip_of_a_static_target_is_static(static_pair):
@@ -190,3 +192,24 @@ def test_greedy_identity_of_the_embedded_target_on_the_static_path(embedded):
     for kind in (draft, sd.LayerSkipDraft(model, exit_layer=20), sd.NGramDraft(), sd.load_draft("auto", model)):
         spec = sd.speculative_generate(model, kind, x, gamma=4, max_new_tokens=32, sampling=GREEDY)
         assert torch.equal(spec.tokens, reference), type(kind).__name__
+
+
+def test_compiled_graphs_are_read_from_disk_and_run_on_each_models_own_weights(monkeypatch, tmp_path, caplog):
+    """Two models of one architecture and different weights, compiled one after the other with an empty graph
+    cache (``compiled.py``): the second reads the first's graph from disk (inductor logs a graph-cache hit, so a
+    later process skips the compile), and each decodes as its own eager model does, so the cached graph does not
+    carry the first model's weights. The dtype is this CPU's half precision where oneDNN computes it (the compiler
+    packs its weights into oneDNN tensors, which the cache had to be taught to key), else float32."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="torch._inductor.codecache")
+    dtype = resolve_dtype("auto", DEVICE) if DEVICE == "cpu" else torch.float32
+    x = torch.arange(100, 120, device=DEVICE)[None] % 64  # longer than EAGER_ABOVE: the prompt runs eagerly
+    hits = []
+    for seed in (11, 12):
+        model = tiny_llama(layers=1, seed=seed).to(dtype)
+        eager = sd.autoregressive_generate(model, x, max_new_tokens=6, sampling=GREEDY).tokens
+        use_static_cache(model, compile=True)
+        caplog.clear()
+        assert torch.equal(sd.autoregressive_generate(model, x, max_new_tokens=6, sampling=GREEDY).tokens, eager)
+        hits.append(sum("fx graph cache hit" in r.getMessage() for r in caplog.records))
+    assert hits == [0, 1], f"graph-cache hits per model: {hits}; the second should have read the first's graph"

@@ -49,7 +49,7 @@ def test_trees_on_the_static_cache_give_plain_greedy_decoding(drafting):
         out = sd.speculative_generate(target, drafter, prompt, gamma=3, max_new_tokens=40, sampling=GREEDY)
         assert torch.equal(out.tokens, want)
         assert max(out.stats.proposed_lengths) > max(out.stats.tree_depths)  # some round really branched
-    assert list(static_state(target).caches) == [("target", 1)]
+    assert list(static_state(target).caches) == [("target", 1, 256)]  # one preallocated cache, used twice
 
 
 def test_the_tree_law_through_the_static_cache():

@@ -54,7 +54,7 @@ def machine_settings(model: torch.nn.Module) -> dict:
     device, static = model_device(model), static_state(model)
     cache = "dynamic"
     if static is not None:
-        cache = f"static, {static.max_length} tokens" + (", compiled" if static.compile else "")
+        cache = f"static, {static.max_length or 'request-sized'} tokens" + (", compiled" if static.compile else "")
     return {"processor": processor_name(device), "device": device.type, "threads": torch.get_num_threads(),
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "torch": torch.__version__,
             "packed_linears": has_packed_linears(model), "cache": cache}

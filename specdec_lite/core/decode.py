@@ -235,15 +235,6 @@ class Decoding:
         return Generation(out, stats)
 
 
-def reset_cache(lm, batch_size: int, padding: list[int] | None) -> None:
-    """An empty cache for a run; ``padding`` (left pads per row) is handed over only when some row has pads, so
-    that protocol objects whose ``reset`` takes no padding run unpadded batches as before."""
-    if padding is None:
-        lm.reset(batch_size)
-    else:
-        lm.reset(batch_size, padding=padding)
-
-
 def read_together(*values: torch.Tensor | None) -> list:
     """The one host read of a round: (B,) tensors (None: skipped) stacked and copied together; each comes back
     as a list of ints, None where it was None."""
@@ -298,11 +289,8 @@ def speculative_generate(target, draft, input_ids, *, attention_mask=None, gamma
     input_ids = input_ids.to(target_lm.device)
     run = Decoding.start(input_ids, max_new_tokens, 2 * gamma + 2, eos)
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
-    reset_cache(target_lm, input_ids.shape[0], padding)
-    if padding is None:  # drafters whose begin takes no padding run unpadded batches as before
-        drafter.begin(input_ids)
-    else:
-        drafter.begin(input_ids, padding=padding)
+    target_lm.reset(input_ids.shape[0], padding=padding, tokens=run.seq.shape[1])
+    drafter.begin(input_ids, padding=padding, tokens=run.seq.shape[1])
     while not run.done:
         one_round(target_lm, drafter, run, gamma, sampling, generator, stats, clock, verifier)
         if on_round is not None and on_round(run.emitted()):
@@ -409,7 +397,7 @@ def autoregressive_generate(target, input_ids, *, attention_mask=None, max_new_t
     start = clock.now()
     run = Decoding.start(input_ids.to(target_lm.device), max_new_tokens, 4, eos)
     generator = torch.Generator(device=target_lm.device).manual_seed(seed)
-    reset_cache(target_lm, run.seq.shape[0], padding)
+    target_lm.reset(run.seq.shape[0], padding=padding, tokens=run.seq.shape[1])
     rows = torch.arange(run.seq.shape[0], device=run.seq.device)
     ones = torch.ones_like(rows)
     penalty = sampling.repetition_penalty != 1

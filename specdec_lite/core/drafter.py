@@ -1,8 +1,8 @@
 """Draft proposers behind one interface.
 
-``begin(input_ids, padding=None)`` prepares for new prompts (``padding``: each row's count of left pads, Python
-ints, or None when no row has any; the loop passes it only then); ``propose(seq, lengths, gamma, sampling, generator)`` returns
-``(tokens (B, k), q)`` with k <= gamma and q (B, k, V) the distribution each token was drawn from, or None for
+``begin(input_ids, padding=None, tokens=None)`` prepares for new prompts (``padding``: each row's count of left
+pads, Python ints, or None when no row has any; ``tokens``: the most a row of the loop's buffer will hold);
+``propose(seq, lengths, gamma, sampling, generator)`` returns ``(tokens (B, k), q)`` with k <= gamma and q (B, k, V) the distribution each token was drawn from, or None for
 point-mass drafts; ``rollback(kept)`` tells the drafter that row b's context is now ``seq[b, :kept[b] + 1]`` and
 that its cache may keep at most the first ``kept[b]`` tokens (the newest token has not been fed to anyone).
 
@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from .lm import as_language_model, cached_lengths, crop_to, feed_unseen, is_language_model
+from .lm import LanguageModel, as_language_model, cached_lengths, crop_to, feed_unseen
 from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
 
 
@@ -36,7 +36,7 @@ class Drafter:
     feature_layers = (-1,)  # with uses_target_features: the target's hidden states it reads (-1: the last)
     proposes_trees = False  # True: the loop calls propose_tree(seq, lengths, gamma, sampling, generator) -> Tree
 
-    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None) -> None:
+    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None, tokens: int | None = None) -> None:
         pass
 
     def observe(self, hidden: torch.Tensor, first_position: int | list[int]) -> None:
@@ -66,7 +66,7 @@ class ByTemperature(Drafter):
     def at(self, sampling: SamplingParams) -> Drafter:
         return self.greedy if sampling.greedy else self.sampled
 
-    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None) -> None:
+    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None, tokens: int | None = None) -> None:
         raise TypeError("ByTemperature holds two draftings: run the one at(sampling) returns "
                         "(speculative_generate does)")
 
@@ -120,11 +120,8 @@ class ModelDraft(Drafter):
         self.adaptive = adaptive  # when to stop drafting within a round (None: always gamma tokens)
         self._proposed, self._start, self._context = 0, None, []
 
-    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None) -> None:
-        if padding is None:
-            self.lm.reset(input_ids.shape[0])
-        else:  # its cache masks the pads out, as the target's does
-            self.lm.reset(input_ids.shape[0], padding=padding)
+    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None, tokens: int | None = None) -> None:
+        self.lm.reset(input_ids.shape[0], padding=padding, tokens=tokens)  # it masks the pads, as the target does
         self._context = [input_ids.shape[1]] * input_ids.shape[0]  # buffer lengths: the pads count
 
     def propose(self, seq, lengths, gamma, sampling: SamplingParams, generator):
@@ -157,8 +154,8 @@ def as_drafter(draft, target=None) -> Drafter:
     given as both target and draft is copied, so that each role has its own cache."""
     if isinstance(draft, Drafter):
         return draft
-    if is_language_model(draft) and draft is target:
+    if isinstance(draft, LanguageModel) and draft is target:
         return ModelDraft(copy.copy(draft))
-    if is_language_model(draft) or isinstance(draft, torch.nn.Module):
+    if isinstance(draft, LanguageModel) or isinstance(draft, torch.nn.Module):
         return ModelDraft(draft)
     raise TypeError(f"draft must be a Hugging Face causal LM, a toy model or a Drafter, got {type(draft).__name__}")

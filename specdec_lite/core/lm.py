@@ -1,8 +1,9 @@
 """One small protocol every model is wrapped in, so toy models, tiny random models and real models run the
 same loop:
 
-- ``reset(batch_size)``: empty cache; wrappers that set ``takes_padding`` also take ``padding=[...]``, each row's
-  count of left pads (a left-padded batch, as transformers' ``generate`` takes it);
+- ``reset(batch_size, padding=None, tokens=None)``: empty cache; ``padding``: each row's count of left pads (a
+  left-padded batch, as transformers' ``generate`` takes it), for wrappers that declare ``takes_padding``;
+  ``tokens``: the most a row will hold in this run (a preallocated cache is sized to it);
 - ``feed(tokens, num_logits=None)``: append tokens (B, n) to the cache, return next-token logits (B, n, V) for the
   fed positions (only the last ``num_logits`` of them when given); Hugging Face models also take
   ``hidden_layers=(...)`` and then return (logits, those layers' hidden states (B, n, layers x H) of all fed
@@ -18,14 +19,17 @@ ints and takes a list of ints, so a round's bookkeeping reads nothing from the d
 read).
 
 ``vocab_size`` is the width of the logits the wrapper returns (the aligned vocabulary), ``max_length`` the
-context the model supports (None: unbounded).
+context the model supports (None: unbounded). ``LanguageModel`` is the protocol: a wrapper subclasses it and
+declares there what it can do beyond the four calls (left padding, ragged batches, hidden states, token trees).
 
 Two caches for Hugging Face models, chosen per model with ``use_static_cache`` (or ``load_model(cache=...)``):
 transformers' ``DynamicCache`` (the default: it grows, and a rollback drops tensor slices), or a preallocated
 ``StaticCache``, where a rollback only moves each layer's length and the next tokens overwrite the stale
-entries (the attention mask hides them until then). Its decode forwards can be compiled (``torch.compile``;
-on CUDA with ``mode="reduce-overhead"``, i.e. CUDA graphs), which pays at batch 1 on a GPU, where a step is
-bound by kernel launches. Both run the same loop, verifier and rollback.
+entries (the attention mask hides them until then). A static cache is sized to each request (``static_size``:
+the smallest of 256, 512, 1024, ... tokens that holds the prompt, the new tokens and a round's drafts), unless
+a fixed size is given. Its decode, verification and tree forwards can be compiled (``compiled.py``: inductor with
+freezing and its C++ wrapper on a CPU, CUDA graphs on a GPU; one graph per input shape and cache size, kept on
+disk). Both caches run the same loop, verifier and rollback.
 
 Batches on the dynamic cache, "masked slots": every feed appends the same number of slots to every row (the loop
 feeds every row the same count), and a per-row slot mask (B, S) says which slots hold a token of the row; left pads
@@ -46,7 +50,34 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
+from .compiled import CompiledForward, CompileLog
 from .packed_linear import has_packed_linears
+
+class LanguageModel:
+    """The protocol of the module's text. A subclass implements ``reset``, ``feed``, ``crop`` and
+    ``cache_lengths`` and declares what else it can do; the request checks read these declarations."""
+
+    vocab_size: int
+    max_length: int | None = None  # the longest context it takes (None: unbounded)
+    context_name = "the model's context"  # how a refusal names that limit
+    device = torch.device("cpu")
+    takes_padding = False  # reset's ``padding`` (left pads per row) is honoured
+    ragged_batches = False  # rows may hold different numbers of tokens: batches, cropped row by row
+    supports_hidden = False  # feed(..., hidden_layers=(...)) also returns hidden states (feature-level drafts)
+    supports_trees = False  # feed_tree and compact: token trees
+
+    def reset(self, batch_size: int, padding: list[int] | None = None, tokens: int | None = None) -> None:
+        raise NotImplementedError
+
+    def feed(self, tokens: torch.Tensor, num_logits: int | None = None):
+        raise NotImplementedError
+
+    def crop(self, lengths) -> None:
+        raise NotImplementedError
+
+    def cache_lengths(self) -> torch.Tensor:
+        raise NotImplementedError
+
 
 # What specdec_lite knows of a Hugging Face model is kept on the model itself, in two attributes: its tokenizer
 # (read by the compatibility checks) and its static-cache settings (read by the wrapper).
@@ -80,27 +111,40 @@ def usable_vocab_size(model: torch.nn.Module) -> int:
 
 @dataclass
 class StaticState:
-    """A model's preallocated cache and its (compiled) forward, kept across calls: CUDA graphs record the
-    cache's addresses, so the same tensors must serve every generation."""
+    """A model's preallocated caches and its compiled forward, kept across calls: CUDA graphs record the caches'
+    addresses, so the same tensors must serve every generation of a size."""
 
-    max_length: int  # tokens preallocated per row
+    max_length: int | None  # tokens preallocated per row; None: sized to each request (``static_size``)
     compile: bool  # compile the decode forwards
-    caches: dict = field(default_factory=dict)  # (role, batch size) -> StaticCache; a model drafting for itself
-    forward: object = None  # has a "target" and a "draft" cache; the compiled forward is made on first use
+    caches: dict = field(default_factory=dict)  # (role, batch size, tokens) -> StaticCache; a model drafting for
+    forward: object = None  # itself has a "target" and a "draft" cache; the compiled forward is made on first use
+    log: CompileLog | None = None  # announces each shape's first compiled call
 
 
 EAGER_ABOVE = 16  # feeds of more tokens (the prompt) run eagerly; shorter ones (decode, verify) use the compiled forward
 TREE_ROWS = (16, 64)  # compiled tree forwards are padded to one of these row counts, so that their shapes stay few
+SMALLEST_STATIC = 256  # a request-sized static cache holds 256, 512, 1024, ... tokens: few sizes, few graphs
 
 
-def use_static_cache(model: torch.nn.Module, max_length: int = 2048, compile: bool = False) -> torch.nn.Module:
-    """Run ``model`` with a preallocated ``StaticCache`` of ``max_length`` tokens per row (prompt + max_new_tokens
-    + gamma must fit; longer requests are refused before any work), its decode and verification forwards
-    compiled when ``compile`` (CUDA: CUDA graphs; a model whose linear layers are packed for oneDNN is refused,
-    torch cannot compile them). The settings are kept on the model (``model.specdec_static_cache``); wrappers made
-    afterwards use them. Returns the model. ``use_dynamic_cache`` undoes it."""
-    if not isinstance(max_length, int) or max_length < 2:
-        raise ValueError(f"max_length (tokens preallocated per row) must be an integer >= 2, got {max_length!r}")
+def static_size(tokens: int, limit: int | None) -> int:
+    """The cache a request of ``tokens`` tokens per row gets: the smallest power-of-two multiple of
+    ``SMALLEST_STATIC`` that holds them, at most ``limit`` (the model's context) when that is smaller."""
+    size = SMALLEST_STATIC
+    while size < tokens:
+        size *= 2
+    return size if limit is None else min(size, max(limit, tokens))
+
+
+def use_static_cache(model: torch.nn.Module, max_length: int | None = None, compile: bool = False) -> torch.nn.Module:
+    """Run ``model`` with a preallocated ``StaticCache``: of ``max_length`` tokens per row (prompt + max_new_tokens
+    + gamma must fit; longer requests are refused before any work), or, with None, sized to each request
+    (``static_size``). ``compile``: its decode, verification and tree forwards run compiled (``compiled.py``; a
+    model whose linear layers are packed for oneDNN is refused, torch cannot compile them). The settings are kept
+    on the model (``model.specdec_static_cache``); wrappers made afterwards use them. Returns the model.
+    ``use_dynamic_cache`` undoes it."""
+    if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
+        raise ValueError(f"max_length (tokens preallocated per row) must be an integer >= 2 or None (sized to each "
+                         f"request), got {max_length!r}")
     if compile and has_packed_linears(model):
         raise ValueError("this model's linear layers are packed for oneDNN, which torch's compiler cannot compile: "
                          "load it with packed_linears=False (load_model(..., cache='static', compile=True) does), or "
@@ -156,12 +200,14 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return embeddings.weight.device if embeddings is not None else model.device
 
 
-class HFCausalLM:
+class HFCausalLM(LanguageModel):
     """Any Hugging Face causal LM; the KV cache is transformers' ``DynamicCache``, or a ``StaticCache`` for models
     given to ``use_static_cache``; both roll back with ``crop`` (a negative count). On the dynamic cache, rows may
     hold different numbers of tokens (masked slots, see the module's text)."""
 
-    takes_padding = True  # reset(batch_size, padding=[left pads per row])
+    takes_padding = True
+    supports_hidden = True
+    supports_trees = True
     compact_min = 16  # compact when at least this many slots, and more than a quarter of them, can go
 
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, role: str = "target"):
@@ -170,11 +216,12 @@ class HFCausalLM:
         self.vocab_size = vocab_size or usable_vocab_size(model)
         self.max_length = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
         self.static = static_state(model)
-        self.context_name = "the model's context"
-        if self.static is not None:
+        self.ragged_batches = self.static is None  # the static cache runs one prompt at a time
+        if self.static is not None and self.static.max_length is not None:
             self.max_length = min(self.max_length or self.static.max_length, self.static.max_length)
             self.context_name = f"the static cache's {self.static.max_length} preallocated tokens"
         self.cache: DynamicCache | StaticCache | None = None
+        self.capacity = 0  # the static cache's tokens per row in this run
         self._cache_kwarg = cache_keyword(model)
         self.length = 0  # slots in the cache, the same for every row (a row's tokens, while there is no mask)
         self.batch_size = 0
@@ -184,20 +231,17 @@ class HFCausalLM:
         self.rows: list[int] = []  # with a mask: each row's length (pads included), as Python ints
 
     @property
-    def ragged_batches(self) -> bool:
-        """Whether rows may hold different numbers of tokens: on the dynamic cache (the static one runs batch 1)."""
-        return self.static is None
-
-    @property
     def device(self) -> torch.device:
         return model_device(self.model)
 
-    def reset(self, batch_size: int, padding: list[int] | None = None) -> None:
+    def reset(self, batch_size: int, padding: list[int] | None = None, tokens: int | None = None) -> None:
         """An empty cache for ``batch_size`` rows; ``padding``: each row's count of left pads (Python ints), which
-        come with the first feed (the prompt) and are masked out."""
+        come with the first feed (the prompt) and are masked out; ``tokens``: the most a row will hold (a static
+        cache sized to the request holds ``static_size(tokens)``)."""
         if padding is not None and (len(padding) != batch_size or min(padding) < 0):
             raise ValueError(f"padding must give {batch_size} counts >= 0 (left pads per row), got {padding}")
-        self.cache = self._static_cache(batch_size) if self.static else DynamicCache(config=self.model.config)
+        self.cache = self._static_cache(batch_size, tokens or 0) if self.static else \
+            DynamicCache(config=self.model.config)
         check_full_attention(self.cache, StaticLayer if self.static else DynamicLayer, self.model,
                              "cannot be rolled back exactly")
         self.length = 0
@@ -208,12 +252,15 @@ class HFCausalLM:
         if any(self.padding):
             self._start_mask(rows=[0] * batch_size)  # an empty cache holds no pads yet
 
-    def _static_cache(self, batch_size: int) -> StaticCache:
-        key = (self.role, batch_size)
+    def _static_cache(self, batch_size: int, tokens: int) -> StaticCache:
+        """The static cache for this run: the same tensors as the last run of its size (CUDA graphs recorded
+        their addresses), its lengths back at 0."""
+        self.capacity = self.static.max_length or static_size(tokens, self.max_length)
+        key = (self.role, batch_size, self.capacity)
         cache = self.static.caches.get(key)
         if cache is None:
-            cache = self.static.caches[key] = StaticCache(config=self.model.config, max_cache_len=self.static.max_length)
-        elif cache.get_seq_length():  # the same tensors again: only the lengths go back to 0
+            cache = self.static.caches[key] = StaticCache(config=self.model.config, max_cache_len=self.capacity)
+        elif cache.get_seq_length():
             cache.crop(-int(cache.get_seq_length()))
         return cache
 
@@ -229,9 +276,18 @@ class HFCausalLM:
         if not self.compiles() or (n_tokens > EAGER_ABOVE and not tree_budget):
             return self.model
         if state.forward is None:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs on GPUs
-            state.forward = torch.compile(self.model, mode=mode, dynamic=False)
+            state.forward = CompiledForward(self.model, self.device)
+            state.log = CompileLog(type(self.model).__name__)
         return state.forward
+
+    def _run(self, forward, what: str, **inputs):
+        """``forward(**inputs)``; a compiled forward's first call of each shape is announced (``CompileLog``)."""
+        if forward is self.model:
+            return forward(**inputs)
+        shape = (what, self.capacity, inputs["input_ids"].shape[1], inputs.get("logits_to_keep"),
+                 inputs["output_hidden_states"])
+        return self.static.log.call(forward, shape, f"{inputs['input_ids'].shape[1]} {what} on a "
+                                    f"{self.capacity}-token cache", **inputs)
 
     supports_hidden = True
 
@@ -241,8 +297,8 @@ class HFCausalLM:
         if forward is not self.model:  # a slice of the token buffer keeps its strides: a new graph for each width
             tokens = tokens.clone(memory_format=torch.contiguous_format)
         masked = {} if self.mask is None else self._masked_inputs(tokens.shape[1])
-        out = forward(input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
-                      output_hidden_states=hidden_layers is not None, **masked, **{self._cache_kwarg: self.cache})
+        out = self._run(forward, "tokens", input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
+                        output_hidden_states=hidden_layers is not None, **masked, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
         return self._returned(out, forward, hidden_layers)
 
@@ -288,8 +344,9 @@ class HFCausalLM:
         if self.static is not None:
             tokens, mask, position_ids = self.static_tree_inputs(tokens, mask, position_ids)
         forward = self._forward(tokens.shape[1], tree_budget=tokens.shape[1] in TREE_ROWS)
-        out = forward(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                      output_hidden_states=hidden_layers is not None, **{self._cache_kwarg: self.cache})
+        out = self._run(forward, "tree rows", input_ids=tokens, attention_mask=mask, position_ids=position_ids,
+                        use_cache=True, output_hidden_states=hidden_layers is not None,
+                        **{self._cache_kwarg: self.cache})
         if tokens.shape[1] > F:
             self.cache.crop(F - tokens.shape[1])  # the padding rows' entries
         self.length += F
@@ -299,7 +356,7 @@ class HFCausalLM:
         """The rows a tree forward of ``F`` tokens runs with on the static cache: where it ``compiles``, the
         smallest ``TREE_ROWS`` budget that holds them and fits the cache (larger trees run as they are, eagerly);
         else F."""
-        room = self.static.max_length - self.length
+        room = self.capacity - self.length
         if F > room:
             raise ValueError(f"a tree forward of {F} tokens after {self.length} does not fit {self.context_name}: "
                              "preallocate more (use_static_cache(model, max_length=...)) or draft smaller trees")
@@ -311,7 +368,7 @@ class HFCausalLM:
         length (the slots past the tree are masked out), and rows padded up to ``tree_rows`` repeat the last token
         and position and see only their own slot."""
         F, rows = tokens.shape[1], self.tree_rows(tokens.shape[1])
-        wide = mask.new_full((1, 1, rows, self.static.max_length), torch.finfo(mask.dtype).min)
+        wide = mask.new_full((1, 1, rows, self.capacity), torch.finfo(mask.dtype).min)
         wide[..., :F, : mask.shape[-1]] = mask
         padding = torch.arange(F, rows, device=mask.device)
         wide[0, 0, padding, self.length + padding] = 0.0
@@ -477,16 +534,12 @@ def feed_unseen(lm, seq: torch.Tensor, lengths: list[int], extra: torch.Tensor |
     return logits, hidden, [length - missing for length in lengths]
 
 
-def is_language_model(obj) -> bool:
-    return all(hasattr(obj, name) for name in ("reset", "feed", "crop", "cache_lengths", "vocab_size"))
-
-
-def as_language_model(model, role: str = "target") -> "HFCausalLM":
+def as_language_model(model, role: str = "target") -> LanguageModel:
     """Wrap a Hugging Face causal LM; pass protocol objects (toy models, wrappers) through unchanged."""
-    if is_language_model(model):
+    if isinstance(model, LanguageModel):
         return model
     if isinstance(model, torch.nn.Module) and hasattr(model, "get_output_embeddings"):
         return HFCausalLM(model, role=role)
     raise TypeError(
-        f"expected a Hugging Face causal LM or an object with reset/feed/crop/cache_lengths/vocab_size, "
-        f"got {type(model).__name__}")
+        f"expected a Hugging Face causal LM or a specdec_lite.core.lm.LanguageModel (reset, feed, crop, "
+        f"cache_lengths), got {type(model).__name__}")

@@ -25,6 +25,7 @@ from .lm import check_static_placement, register_tokenizer, use_static_cache
 from .memory import check_fits, free_bytes, placement_devices
 from .packed_linear import can_pack, pack_linears, packed_bytes
 
+NOMINAL_STATIC = 2048  # tokens per row a request-sized static cache is checked against free memory for
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_DRAFT = "smollm2-135m-draft"  # trained by this project (notebooks/00_train_draft.ipynb), in data/drafts
 EMBEDDED_MEDUSA = "smollm2-135m-medusa"  # feature-level heads for the embedded target (notebooks/00_train_heads.ipynb)
@@ -319,7 +320,7 @@ def looks_like_hub_id(name: str) -> bool:
 
 
 def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto",
-               *, device_map=None, cache: str = "dynamic", max_cache_len: int = 2048, compile: bool = False,
+               *, device_map=None, cache: str = "dynamic", max_cache_len: int | None = None, compile: bool = False,
                batch_invariant: bool = False, packed_linears: bool | None = None):
     """(model, tokenizer) for a package name (``"smollm2-135m-instruct"``), a Hugging Face id or a local path.
 
@@ -331,8 +332,10 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
     impossible. By default models run as they are (exact output law; in half precision greedy output may part
     from plain decoding after some tokens, docs/SPEED.md). ``device_map`` ("auto" or a dict, through
     accelerate) spreads a model too large for one device over several (``device`` is then ignored).
-    ``cache="static"`` preallocates ``max_cache_len`` tokens (``lm.use_static_cache``), ``compile=True`` compiles
-    its decode forwards (CUDA graphs on a GPU). ``packed_linears`` (None: on for float32 on a CPU, and for
+    ``cache="static"`` preallocates a cache for each request (``lm.use_static_cache``: sized to the request, or
+    ``max_cache_len`` tokens when given); ``compile=True`` compiles its decode, verification and tree forwards
+    (``compiled.py``: inductor with freezing and its C++ wrapper on a CPU, CUDA graphs on a GPU; each new shape
+    compiles once, about a minute on a small CPU, and is kept on disk for later processes). ``packed_linears`` (None: on for float32 on a CPU, and for
     bfloat16 where oneDNN computes it, where the copies take under half the free memory, unless ``compile=True``)
     runs the linear layers on weights packed for oneDNN (``packed_linear.pack_linears``: the same product, up to
     half the time of a forward over a few tokens on some CPUs); False keeps them as transformers loads them, which
@@ -364,7 +367,7 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
                          f"states. Load it with load_draft({name_or_path!r}, target) or "
                          f"load_pair(target, draft={name_or_path!r})")
     config = AutoConfig.from_pretrained(path)
-    check_fits(name_or_path, config, dtype, devices, max_cache_len if cache == "static" else 0)
+    check_fits(name_or_path, config, dtype, devices, (max_cache_len or NOMINAL_STATIC) if cache == "static" else 0)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if device_map is None:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()

@@ -15,7 +15,7 @@ from numbers import Integral, Real
 import torch
 
 from .drafter import Drafter, as_drafter
-from .lm import as_language_model, tokenizer_of
+from .lm import HFCausalLM, as_language_model, tokenizer_of
 from .sampling import SamplingParams
 from .tokenizers import check_tokenizers
 
@@ -268,8 +268,7 @@ def hf_model_of(target):
 
 def context_limit(*lms) -> tuple[int | None, str]:
     """The tightest context among the models (and static caches) of a run, and how to name it."""
-    limits = [(lm.max_length, getattr(lm, "context_name", "the model's context")) for lm in lms
-              if lm is not None and getattr(lm, "max_length", None) is not None]
+    limits = [(lm.max_length, lm.context_name) for lm in lms if lm is not None and lm.max_length is not None]
     return min(limits, key=lambda item: item[0]) if limits else (None, "the model's context")
 
 
@@ -279,14 +278,14 @@ def check_batch(input_ids, padding: list[int] | None, *lms) -> None:
     dynamic cache), and left padding needs wrappers that take it (``takes_padding``)."""
     B = input_ids.shape[0]
     for lm in (lm for lm in lms if lm is not None):
-        if B > 1 and not getattr(lm, "ragged_batches", False):
-            if getattr(lm, "static", None) is not None:
+        if B > 1 and not lm.ragged_batches:
+            if isinstance(lm, HFCausalLM) and lm.static is not None:
                 raise NotImplementedError(
                     f"a batch of {B} prompts needs the dynamic cache (the static cache runs one prompt at a time): "
                     "load the model with load_model(..., cache='dynamic') or call use_dynamic_cache(model)")
             raise NotImplementedError(f"a batch of {B} prompts needs per-row cache lengths, which "
                                       f"{type(lm).__name__} does not keep: run it with batch size 1")
-        if padding is not None and not getattr(lm, "takes_padding", False):
+        if padding is not None and not lm.takes_padding:
             raise NotImplementedError(f"{type(lm).__name__} takes no left padding: give it prompts of equal length "
                                       "(no padded rows in attention_mask)")
 
@@ -331,10 +330,10 @@ def check_pair(target, target_lm, drafter: Drafter, input_ids, sampling: Samplin
         raise ValueError(
             f"the draft's vocabulary ({drafter.vocab_size} tokens) cannot be aligned with the target's "
             f"({target_lm.vocab_size}); use a draft trained with the target's tokenizer")
-    if draft_lm is not None and hasattr(draft_lm, "device") and draft_lm.device != target_lm.device:
+    if draft_lm is not None and draft_lm.device != target_lm.device:
         raise ValueError(f"the draft is on {draft_lm.device} but the target takes its input on {target_lm.device}; "
                          f"move the draft there first (draft.to({str(target_lm.device)!r}))")
-    if drafter.uses_target_features and not getattr(target_lm, "supports_hidden", False):
+    if drafter.uses_target_features and not target_lm.supports_hidden:
         raise TypeError(f"{type(drafter).__name__} reads the target's hidden states, which "
                         f"{type(target_lm).__name__} does not provide; use a Hugging Face target")
     if drafter.proposes_trees:
@@ -351,5 +350,5 @@ def check_tree_request(target_lm, sampling: SamplingParams) -> None:
     prefixes are not implemented)."""
     if sampling.repetition_penalty != 1.0:
         raise NotImplementedError("token trees do not support repetition_penalty; use a chain draft or penalty 1.0")
-    if not hasattr(target_lm, "feed_tree"):
-        raise TypeError(f"{type(target_lm).__name__} cannot score a token tree (no feed_tree)")
+    if not target_lm.supports_trees:
+        raise TypeError(f"{type(target_lm).__name__} cannot score a token tree (it does not declare supports_trees)")

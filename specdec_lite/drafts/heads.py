@@ -441,7 +441,7 @@ class FeatureDraft(Drafter):
         self.feature_layers = tuple(cfg.feature_layers) or (-1,)
         self.batched, self.padding, self.known = False, [0], [0]  # until ``begin``: one prompt
 
-    def begin(self, input_ids, padding=None):
+    def begin(self, input_ids, padding=None, tokens=None):
         self.features = None
         rows = input_ids.shape[0]
         self.batched = rows > 1 or padding is not None  # rows may hold different numbers of positions
@@ -555,7 +555,7 @@ class EagleDraft(FeatureDraft):
         self.embed = target.get_input_embeddings()
         self.cache, self.real_length = self.head.new_cache(), 0
 
-    def begin(self, input_ids, padding=None):
+    def begin(self, input_ids, padding=None, tokens=None):
         super().begin(input_ids, padding)
         self.real_length = 0  # cache entries made from real (target) features
         if self.batched:

@@ -87,7 +87,7 @@ class EagleTreeDraft(Drafter):
         self.vocab_size, self.feature_layers = eagle.vocab_size, eagle.feature_layers
         self._proposed, self._start = 0, 0
 
-    def begin(self, input_ids, padding=None):
+    def begin(self, input_ids, padding=None, tokens=None):
         self.eagle.begin(input_ids, padding)
 
     def observe(self, hidden, first_position: int) -> None:
@@ -176,7 +176,7 @@ class DynamicTreeDraft(Drafter):
         self.costs = costs  # the measured costs, their spread and source (``measured_dynamic_tree``), for reports
         self.vocab_size, self.feature_layers = eagle.vocab_size, eagle.feature_layers
 
-    def begin(self, input_ids, padding=None):
+    def begin(self, input_ids, padding=None, tokens=None):
         self.eagle.begin(input_ids, padding)
 
     def observe(self, hidden, first_position: int) -> None:
@@ -445,7 +445,7 @@ class HybridTreeDraft(Drafter):
         self.lookup, self.head = lookup, head
         self.vocab_size, self.feature_layers = head.vocab_size, head.feature_layers
 
-    def begin(self, input_ids, padding=None):
+    def begin(self, input_ids, padding=None, tokens=None):
         self.head.begin(input_ids, padding)
         self.lookup.begin(input_ids, padding)
 

@@ -5,6 +5,7 @@
                                        [--skip-per-task 5]  (prompts outside 03's benchmark)
                                        [--no-batch-invariant]  (only the models as they load)
                                        [--static]  (also each native dtype on the static cache)
+                                       [--compiled]  (also each native dtype on the static cache, compiled)
 
 Configurations: the target loaded as it is in float32 and in each half precision the device runs
 (``plain_dtypes``), and in native half precision also made batch-invariant (``load_model(batch_invariant=True)``,
@@ -32,6 +33,7 @@ import torch
 
 from ..core.models import (EMBEDDED_TARGET, cpu_flags, cpuinfo, dtype_name, load_model, native_dtypes,
                            resolve_device)
+from ..core.lm import static_state
 from ..core.packed_linear import kept_unpacked
 from ..core.sampling import SamplingParams
 from ..drafts.loading import TREE_DRAFTS, load_draft, tree_draft
@@ -41,16 +43,20 @@ from .tasks import TASKS, load_prompts
 
 
 STATIC = " static cache"  # the label's ending for a configuration on the preallocated cache
+COMPILED = " compiled"  # ... and for one on it compiled (``core.compiled``)
+COMPILED_CACHE = 512  # tokens: one cache size for every prompt, so that no new graph compiles while timing
 
 
-def configurations(name: str, device, batch_invariant: bool = True, static: bool = False) -> dict:
+def configurations(name: str, device, batch_invariant: bool = True, static: bool = False,
+                   compiled: bool = False) -> dict:
     """{label: model}: the target in each plain configuration of ``baseline.plain_configurations`` (each dtype of
     ``plain_dtypes`` as it loads, and float32 as transformers loads it where ours packs its linear layers), and
     (``batch_invariant``) each native half precision made batch-invariant (left out, with a line saying why,
     where this CPU's kernels do not allow it), and (``static``) each native dtype on the static cache
-    (``load_model(cache="static")``, label ending in ``STATIC``). The baseline, the fastest plain decoding, is
-    among the plain configurations (ours on the static cache too), so leaving the others out only leaves out
-    rows."""
+    (``load_model(cache="static")``, label ending in ``STATIC``), and (``compiled``) each native dtype on the
+    static cache compiled (``COMPILED_CACHE`` tokens, label ending in ``COMPILED``). The baseline, the fastest plain
+    decoding, is among the plain configurations (ours on the static cache, compiled or not, too), so leaving the
+    others out only leaves out rows."""
     out, native = {}, native_dtypes(device)
     for dtype, packed in baseline.plain_configurations(device):
         model, _ = load_model(name, device, dtype, packed_linears=packed)
@@ -58,6 +64,9 @@ def configurations(name: str, device, batch_invariant: bool = True, static: bool
         if static and dtype in native and drafted_in(model, native):
             model, _ = load_model(name, device, dtype, packed_linears=packed, cache="static")
             out[baseline.configuration(model) + STATIC] = model
+        if compiled and dtype in native and drafted_in(model, native):
+            model, _ = load_model(name, device, dtype, cache="static", max_cache_len=COMPILED_CACHE, compile=True)
+            out[dtype_name(dtype) + STATIC + COMPILED] = model
         if dtype in native and dtype != torch.float32 and batch_invariant:
             try:
                 model, _ = load_model(name, device, dtype, batch_invariant=True)
@@ -71,12 +80,13 @@ def drafted_in(model, native: list) -> bool:
     """Whether the bench drafts in this configuration: a dtype the device computes natively (``native``), loaded
     the way ours runs it (float32 with transformers' own linear layers, like emulated half precision, is timed
     plainly: a candidate for the baseline only)."""
-    return model.dtype in native and not kept_unpacked(model)
+    compiled = static_state(model) is not None and static_state(model).compile  # compiled forwards run unpacked
+    return model.dtype in native and (compiled or not kept_unpacked(model))
 
 
 def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),
         gamma=4, seed=0, progress=True, drafts=("auto",), head: str | None = None,
-        skip_per_task: int = 0, batch_invariant: bool = True, static: bool = False,
+        skip_per_task: int = 0, batch_invariant: bool = True, static: bool = False, compiled: bool = False,
         runs_out: str | Path | None = None) -> pd.DataFrame:
     """Every (configuration, method) on the same prompts, one row per run, with the speed over the fastest plain
     decoding of the whole run (columns baseline, speedup) and, within a configuration, over its own plain
@@ -84,20 +94,21 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     also as ``name@head`` (on that EAGLE head); ``head``: the EAGLE head of the other tree drafts (``tree_draft``;
     by default the recommended one); ``skip_per_task``: leave out the first prompts of each task (5: those of the
     benchmark in 03_task_acceptance, to choose settings on other prompts); ``batch_invariant``: also time the
-    batch-invariant configurations and ``static`` those on the static cache (``configurations``); ``runs_out``: a CSV the per-run rows measured so far are
+    batch-invariant configurations, ``static`` those on the static cache and ``compiled`` those compiled
+    (``configurations``; compile warm-ups are printed and recorded per method in ``warmup_seconds``); ``runs_out``: a CSV the per-run rows measured so far are
     written to after each configuration (times and tokens, no speedups: the baseline needs every configuration), so
     that a run cut off by a time limit keeps what it measured."""
     from .evaluate import time_prompts, transformers_methods
 
     device = resolve_device(device)
-    configs = configurations(name, device, batch_invariant, static)
+    configs = configurations(name, device, batch_invariant, static, compiled)
     tokenizer = load_model(name, device, "float32")[1]
     prompts = load_prompts(tasks=TASKS, per_task=prompts_per_task, skip_per_task=skip_per_task)
     frames, native = [], native_dtypes(device)
     for t in temperatures:
         for label, model in configs.items():
             drafted = drafted_in(model, native)
-            hf = {} if "batch-invariant" in label or label.endswith(STATIC) or not drafted else {
+            hf = {} if "batch-invariant" in label or STATIC in label or not drafted else {
                 "transformers prompt lookup": transformers_methods()["transformers prompt lookup"]}
             speculative = {d: named_draft(d, model, head) for d in drafts} if drafted else {}
             runs = time_prompts(model, tokenizer, speculative, prompts, gamma=gamma,
@@ -156,6 +167,7 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
                      **over_tasks(g),
                      "speed vs same configuration": g.speedup_same_config.median(),
                      "tau": tau, "cost model vs same configuration": model,
+                     "warm-up s": g.warmup_seconds.iloc[0],
                      "greedy identical": f"{int(g.same_as_baseline.sum())}/{len(g)}" if t == 0 else "",
                      "first divergence (median)": g.first_divergence.median() if t == 0 else float("nan"),
                      "baseline": g.baseline.iloc[0]})
@@ -201,13 +213,16 @@ def main(argv=None):
                         help="leave out the batch-invariant configurations (the baseline is among the others)")
     parser.add_argument("--static", action="store_true",
                         help="also time each native dtype on the static cache (ours plain and the drafts)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also time each native dtype on the static cache compiled (ours plain and the drafts)")
     parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV, and the "
                         "per-run rows, as they are measured, beside it (<name>_runs.csv)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma,
                drafts=args.drafts, head=args.head, skip_per_task=args.skip_per_task,
-               batch_invariant=not args.no_batch_invariant, static=args.static, runs_out=runs_csv(args.out) if args.out else None)
+               batch_invariant=not args.no_batch_invariant, static=args.static, compiled=args.compiled,
+               runs_out=runs_csv(args.out) if args.out else None)
     summary, where = table(runs), machine()
     if args.out:
         summary.assign(machine=where, prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(

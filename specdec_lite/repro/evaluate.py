@@ -14,6 +14,7 @@ Summaries are medians over prompts per task, and the geometric mean of the per-t
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,14 +162,15 @@ def time_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_t
     others = plain_methods(target, plain or {}, max_new_tokens, sampling, seed)
     runs.update(others)
     candidates = set(others) | (set(baseline.OWN_PLAIN) if not is_batch_invariant(target) else set())
-    warm(runs, chat_ids(tokenizer, prompts[0]["prompt"], target.device))  # one untimed call each
+    warmup = warm(runs, chat_ids(tokenizer, prompts[0]["prompt"], target.device))  # one untimed call each
     rows = []
     for i, p in enumerate(progress_bar(prompts, desc="prompts", disable=not progress)):
         x = chat_ids(tokenizer, p["prompt"], target.device)
         order = list(runs) if i % 2 == 0 else list(reversed(runs))  # alternate to share drift fairly
         results = {name: runs[name](x) for name in order}
         rows.extend(run_row(p, name, gen, results["autoregressive"], plain=name in candidates,
-                            speculative=name in drafts, sampling=sampling, gamma=gamma) for name, gen in results.items())
+                            speculative=name in drafts, sampling=sampling, gamma=gamma) | {"warmup_seconds": warmup[name]}
+                    for name, gen in results.items())
     return pd.DataFrame(rows)
 
 
@@ -180,10 +182,15 @@ def kind_of(name: str, speculative: bool) -> str:
     return "plain" if name.startswith(("autoregressive", "transformers generate")) else "transformers assisted"
 
 
-def warm(runs: dict, x) -> None:
-    """Call every method once, untimed, on the same prompt: first-call costs are not measured."""
-    for fn in runs.values():
+def warm(runs: dict, x) -> dict:
+    """Call every method once on the same prompt, so that first-call costs (a compile, above all) are not in the
+    timed runs; returns each one's seconds."""
+    seconds = {}
+    for name, fn in runs.items():
+        start = time.perf_counter()
         fn(x)
+        seconds[name] = time.perf_counter() - start
+    return seconds
 
 
 def run_row(p: dict, name: str, gen: Generation, reference: Generation, *, plain: bool, speculative: bool,

@@ -178,8 +178,8 @@ class OracleDraft(Drafter):
         self.vocab_size = self.inner.vocab_size
         self.reference, self.prompt_len, self.a, self.seed = reference.cpu(), prompt_len, a, seed
 
-    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None) -> None:
-        self.inner.begin(input_ids, padding)
+    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None, tokens: int | None = None) -> None:
+        self.inner.begin(input_ids, padding, tokens)
         self.rng = torch.Generator().manual_seed(self.seed)
         self.length = input_ids.shape[1]  # the sequence's length, kept on the host (a GPU would wait for a read)
 
@@ -477,7 +477,7 @@ class OracleTree(Drafter):
         self.vocab_size, self.reference, self.prompt_len = vocab_size, reference.cpu().tolist(), prompt_len
         self.a, self.branches, self.rng = a, branches, torch.Generator().manual_seed(seed)
 
-    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None) -> None:
+    def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None, tokens: int | None = None) -> None:
         self.length = input_ids.shape[1]  # kept on the host (a GPU would wait for a read)
 
     def token(self, position: int, right: bool) -> int:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..core.lm import LanguageModel
 
-class MarkovLM:
+
+class MarkovLM(LanguageModel):
     """transition[a, b] = P(next = b | last = a); rows must sum to 1."""
 
-    max_length = None
     ragged_batches = True  # per-row cache lengths: batches whose rows accept different counts are fine
+    supports_trees = True  # a node's logits depend on its own token only: no mask needed
 
     def __init__(self, transition):
         t = torch.as_tensor(np.asarray(transition, dtype=np.float64))
@@ -30,9 +32,8 @@ class MarkovLM:
         self.log_transition = t.log()  # -inf for impossible transitions: softmax gives them 0
         self.vocab_size = t.shape[0]
         self.lengths = torch.zeros(0, dtype=torch.long)
-        self.device = torch.device("cpu")
 
-    def reset(self, batch_size: int) -> None:
+    def reset(self, batch_size: int, padding: list[int] | None = None, tokens: int | None = None) -> None:
         self.lengths = torch.zeros(batch_size, dtype=torch.long)
 
     def feed(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
