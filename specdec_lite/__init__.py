@@ -13,7 +13,9 @@ reproduction checks are listed in docs/CLAIMS.md, the measurements in docs/RESUL
 
 Layout (each layer imports only the ones above it):
   paths     where shipped data, results and caches live
+  tuning    what a model may get at load: packed linear layers, batch invariance, the memory check
   core      sampling, the verifier, the model-wrapper protocol, the drafter protocol, the loop, model loading
+  instruments  timing, kept cost profiles, counting host reads: what measures a run
   drafts    draft kinds: n-gram (prompt lookup), layer skip, feature-level heads, token trees and adaptive
             length; loading a draft by name (load_draft("auto", target): the recommended drafting)
   repro     the reproduction: toy models, exact enumeration, statistics, theory, tasks, evaluation, claims

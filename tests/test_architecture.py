@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specdec_lite"
 # each layer may import itself and the layers before it; sweep and serve are the top layer, side by side
-LAYERS = ["paths", "show", "core", "drafts", "repro", "train", "sweep", "serve"]
+LAYERS = ["paths", "show", "tuning", "core", "instruments", "drafts", "repro", "train", "sweep", "serve"]
 TOP = {"sweep", "serve"}
 
 
@@ -153,7 +153,7 @@ def test_entry_point_runs_without_warnings(module):
     assert "usage:" in run.stdout and "Warning" not in run.stderr, run.stderr
 
 
-SUBPACKAGES = ["core", "drafts", "repro", "train"]
+SUBPACKAGES = ["tuning", "core", "instruments", "drafts", "repro", "train"]
 
 
 def listed_modules(docstring: str) -> set[str]:

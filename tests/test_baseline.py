@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec_lite.core.models import dtype_name
-from specdec_lite.core.packed_linear import can_pack
+from specdec_lite.tuning.packed_linear import can_pack
 from specdec_lite.repro import baseline, evaluate
 
 from conftest import tiny_llama

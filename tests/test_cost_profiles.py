@@ -1,5 +1,5 @@
 """The dynamic tree's costs: measured in several passes with their spread, kept per machine and setting in a JSON
-profile (``core.cost_profiles``), read back by a later build, measured again when the file is damaged or asked to."""
+profile (``instruments.cost_profiles``), read back by a later build, measured again when the file is damaged or asked to."""
 import json
 import os
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core import cost_profiles
+from specdec_lite.instruments import cost_profiles
 from specdec_lite.core.lm import use_static_cache
 from specdec_lite.drafts import trees
 from specdec_lite.drafts.trees import dynamic_tree_profile_key, measured_dynamic_tree

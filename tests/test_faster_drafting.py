@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core.batch_invariance import Float32Linear, SplitKLinear, is_batch_invariant, make_batch_invariant
+from specdec_lite.tuning.batch_invariance import Float32Linear, SplitKLinear, is_batch_invariant, make_batch_invariant
 from specdec_lite.core.models import (EMBEDDED_EAGLE_DEEP_TTT, auto_dtype, cpu_has_native_bfloat16,
                                       has_native_bfloat16, native_dtypes)
 from specdec_lite import paths

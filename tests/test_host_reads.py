@@ -1,5 +1,5 @@
 """Host reads per round (issue #47): on a GPU every value read into Python waits for the device, so the loop
-reads what a round decided once. Counted on a tiny random Llama (``core.host_reads``): every Python-level read of
+reads what a round decided once. Counted on a tiny random Llama (``instruments.host_reads``): every Python-level read of
 a tensor on a CPU run (which errs high: it also counts reads a GPU run would make of host tensors), every
 synchronization the CUDA runtime reports on a GPU (SPECDEC_TEST_DEVICE=cuda). The limits: plain decoding at most
 1 per token, a chain round at most 2 (any temperature, batch 1), a tree round at most 3 outside the tree
@@ -10,7 +10,7 @@ import torch
 
 import specdec_lite as sd
 from conftest import DEVICE, tiny_llama
-from specdec_lite.core.host_reads import count_cuda_syncs, count_host_reads
+from specdec_lite.instruments.host_reads import count_cuda_syncs, count_host_reads
 from specdec_lite.drafts.trees import LookupTreeDraft
 
 GREEDY, T1 = sd.SamplingParams(temperature=0.0), sd.SamplingParams(temperature=1.0)

@@ -1,11 +1,11 @@
-"""Linear layers on oneDNN-packed weights (core/packed_linear.py): the same product as nn.Linear (float32, and
+"""Linear layers on oneDNN-packed weights (tuning/packed_linear.py): the same product as nn.Linear (float32, and
 bfloat16 where oneDNN computes it), what loads packed by default, the refusals, and the baseline's unpacked
 candidates."""
 import pytest
 import torch
 from torch import nn
 
-from specdec_lite.core.packed_linear import PackedLinear, can_pack, has_packed_linears, pack_linears
+from specdec_lite.tuning.packed_linear import PackedLinear, can_pack, has_packed_linears, pack_linears
 from specdec_lite.repro import baseline
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32),

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core import memory
+from specdec_lite.tuning import memory
 from specdec_lite.core.lm import EAGER_ABOVE, static_state, use_dynamic_cache, use_static_cache
 from specdec_lite.core.models import resolve_dtype
-from specdec_lite.core.packed_linear import has_packed_linears
+from specdec_lite.tuning.packed_linear import has_packed_linears
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 
 from conftest import DEVICE, tiny_llama

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core import timing
+from specdec_lite.instruments import timing
 from specdec_lite.repro import speedup_tables, theory
 from specdec_lite.repro.toy import constant_alpha_pair
 

@@ -13,7 +13,7 @@ Host reads: on a GPU every value read into Python waits for the device. A round 
 together (a chain round: the accepted counts and the EOS flags; plus the verifier's check of the distributions it
 samples at T > 0), and keeps every length on the host as well, so that crops, statistics and the loop's end need
 no other read; a plain step reads at most one flag (an EOS, or at T > 0 a row that cannot be sampled); a tree
-round brings what its walk needs to the host in one transfer (``tree.py``). ``core.host_reads`` counts them.
+round brings what its walk needs to the host in one transfer (``tree.py``). ``instruments.host_reads`` counts them.
 """
 from __future__ import annotations
 

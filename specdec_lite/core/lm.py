@@ -51,7 +51,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from .compiled import CompiledForward, CompileLog
-from .packed_linear import has_packed_linears
+from ..tuning.packed_linear import has_packed_linears
 
 class LanguageModel:
     """The protocol of the module's text. A subclass implements ``reset``, ``feed``, ``crop`` and

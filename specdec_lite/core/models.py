@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from ..paths import HEAD_CONFIG, cache_dir, drafts_dir, is_head_dir
-from .batch_invariance import make_batch_invariant
+from ..tuning.batch_invariance import make_batch_invariant
 from .lm import check_static_placement, register_tokenizer, use_static_cache
-from .memory import check_fits, free_bytes, placement_devices
-from .packed_linear import can_pack, pack_linears, packed_bytes
+from ..tuning.memory import check_fits, free_bytes, placement_devices
+from ..tuning.packed_linear import can_pack, pack_linears, packed_bytes
 
 NOMINAL_STATIC = 2048  # tokens per row a request-sized static cache is checked against free memory for
 EMBEDDED_TARGET = "smollm2-135m-instruct"

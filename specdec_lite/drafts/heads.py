@@ -41,7 +41,7 @@ from torch import nn
 
 from ..core.drafter import Drafter, draw
 from ..core.lm import selected_hidden, usable_vocab_size
-from ..core.packed_linear import has_packed_linears, linear_on, pack_linears
+from ..tuning.packed_linear import has_packed_linears, linear_on, pack_linears
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 from ..paths import HEAD_CONFIG, is_head_dir
 from .fingerprint import same_weights, weights_fingerprint, weights_probe
@@ -433,7 +433,7 @@ class FeatureDraft(Drafter):
         self.cfg = cfg
         self.head = head.to(device=target.device, dtype=target.dtype).eval()
         if has_packed_linears(target):
-            pack_linears(self.head)  # the head's linear layers run as its target's do (core.packed_linear)
+            pack_linears(self.head)  # the head's linear layers run as its target's do (tuning.packed_linear)
         self.vocab_size = cfg.vocab_size
         self.output = OutputLayer(target, cfg.vocab_size, vocab_ids)
         self.features = None  # (B, P, H): the target's features of positions 0..P-1 (fused, as the head reads them)

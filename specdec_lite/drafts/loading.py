@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.cost_profiles import machine_settings
+from ..instruments.cost_profiles import machine_settings
 from ..core.drafter import ByTemperature
 from ..core.lm import model_device, static_state, tokenizer_of
 from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_TARGET, check_model_name, load_model,

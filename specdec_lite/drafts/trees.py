@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.cost_profiles import kept_or_measured, machine_settings, model_shape
+from ..instruments.cost_profiles import kept_or_measured, machine_settings, model_shape
 from ..core.drafter import Drafter, confidence_of, stops_here
 from ..core.lm import HFCausalLM, as_language_model
 from ..core.sampling import SamplingParams, probs_from_logits, sample
-from ..core.timing import forward_seconds, relative_to_one_token, timed, v_at
+from ..instruments.timing import forward_seconds, relative_to_one_token, timed, v_at
 from ..core.tree import Tree, TreeBuilder
 from .heads import EagleDraft
 
@@ -284,7 +284,7 @@ def round_seconds(drafter: Drafter, target, depth: int, context_len: int = 64, r
 
 def dynamic_tree_profile_key(eagle: EagleDraft, target, top_k: int, max_depth: int, tokens, repeats: int,
                              passes: int) -> dict:
-    """What a dynamic tree's measured costs depend on (``core.cost_profiles``): this machine and the target's
+    """What a dynamic tree's measured costs depend on (``instruments.cost_profiles``): this machine and the target's
     settings on it, the target's and the head's shapes, the tree's ``top_k`` and ``max_depth``, and the timings
     taken (the token counts, ``passes`` of ``repeats`` each)."""
     head = {"class": type(eagle.head).__name__, "parameters": sum(p.numel() for p in eagle.head.parameters()),
@@ -359,7 +359,7 @@ def measured_dynamic_tree(eagle: EagleDraft, target, top_k: int = 4, max_depth: 
     ``v_at``) and the head's cost per depth, in the target's decode steps, each the median of ``passes`` passes of
     ``repeats`` timings (``measure_dynamic_tree_costs``). A CPU's v(n) climbs early and keeps trees small; a GPU's
     stays near 1 and lets them grow. Measured once per machine and setting and kept in a profile file
-    (``core.cost_profiles``: under ``paths.cost_profiles_dir()``, keyed by ``dynamic_tree_profile_key``); a later
+    (``instruments.cost_profiles``: under ``paths.cost_profiles_dir()``, keyed by ``dynamic_tree_profile_key``); a later
     call with the same key reads it, and prints one line naming the file. ``remeasure=True``, or deleting the file,
     measures again. ``defaults`` ({device class: costs}, a head folder's ``DEFAULT_COSTS``): where one is given for
     this device class (``device_class``), it serves instead of a first measurement, so every run drafts the same

@@ -5,7 +5,7 @@ The candidates are plain autoregressive decoding by ours (``autoregressive_gener
 ``generate``, each in float32 and in each half precision the device runs, native or emulated
 (``core.models.plain_dtypes``: on a CPU without native bfloat16, plain decoding can be faster in emulated half
 precision than in float32), on the model as it loads (not made batch-invariant, default attention), and, in each
-dtype whose linear layers ours packs for oneDNN (``core.packed_linear``), also as transformers loads it (so the
+dtype whose linear layers ours packs for oneDNN (``tuning.packed_linear``), also as transformers loads it (so the
 rule's "transformers' generate" on the unchanged model is always among the candidates). Every
 candidate is timed on the same prompts as the methods it is compared with, warmed up first, with the same number
 of new tokens (EOS is ignored while timing). The baseline is the candidate with the lowest median time per token
@@ -18,9 +18,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..core.batch_invariance import is_batch_invariant
+from ..tuning.batch_invariance import is_batch_invariant
 from ..core.models import dtype_name, load_model, plain_dtypes
-from ..core.packed_linear import can_pack, kept_unpacked
+from ..tuning.packed_linear import can_pack, kept_unpacked
 
 SAME_CONFIG = "autoregressive"  # the method row of plain decoding by ours on the run's own target
 OWN_PLAIN = (SAME_CONFIG, "transformers generate")  # plain decoding rows of the run's own target (unlabelled)

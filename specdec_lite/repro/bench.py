@@ -14,7 +14,7 @@ they load; in the dtypes the device computes natively (``native_dtypes``) also o
 ``--drafts`` (``load_draft``'s names, ``"auto"`` by default) and, on the models as they load, transformers' prompt
 lookup. Emulated half precision (a CPU without AVX512-BF16 or AMX) is timed plainly only: it is a candidate for
 the baseline, as plain decoding there can beat float32, but not a configuration to draft in; so is float32 as
-transformers loads it, beside ours with packed linear layers (``core.packed_linear``). The project's
+transformers loads it, beside ours with packed linear layers (``tuning.packed_linear``). The project's
 evaluation prompts, every run exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first,
 interleaved per prompt (``evaluate.run_prompts``). The table gives, per temperature, the median ms per token,
 the median per-prompt speed over the fastest plain decoding of the run (``baseline``), and for greedy runs how
@@ -34,7 +34,7 @@ import torch
 from ..core.models import (EMBEDDED_TARGET, cpu_flags, cpuinfo, dtype_name, load_model, native_dtypes,
                            resolve_device)
 from ..core.lm import static_state
-from ..core.packed_linear import kept_unpacked
+from ..tuning.packed_linear import kept_unpacked
 from ..core.sampling import SamplingParams
 from ..drafts.loading import TREE_DRAFTS, load_draft, tree_draft
 from . import baseline

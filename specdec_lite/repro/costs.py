@@ -2,7 +2,7 @@
 
 v(gamma) = T_target(gamma + 1 tokens) / T_target(1 token): the verification forward over gamma+1 tokens against
 one decode step; c = T_draft(1 token) / T_target(1 token): one draft step against one target step. Each T is the
-median of timed forwards on a warm KV cache (``core.timing.forward_seconds``); the target's times for every token
+median of timed forwards on a warm KV cache (``instruments.timing.forward_seconds``); the target's times for every token
 count are taken in one sweep, the draft's just after with the same settings.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..core.timing import forward_seconds, relative_to_one_token
+from ..instruments.timing import forward_seconds, relative_to_one_token
 
 
 def verification_costs(target_seconds: dict, gammas) -> dict:
@@ -38,7 +38,7 @@ class Costs:
 def measure(target_model, draft_model=None, gammas=(4,), repeats: int = 9, batch_size: int = 1,
             context_len: int = 64, clock=None) -> Costs:
     """v(gamma) for each gamma and c, from forward times of ``target_model`` (over 1 and gamma+1 tokens) and of
-    ``draft_model`` (one token; skipped when None). ``clock`` as in ``core.timing.forward_seconds``."""
+    ``draft_model`` (one token; skipped when None). ``clock`` as in ``instruments.timing.forward_seconds``."""
     gammas = list(gammas)
     if not gammas or min(gammas) < 1:
         raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}")

@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.batch_invariance import is_batch_invariant
+from ..tuning.batch_invariance import is_batch_invariant
 from ..core.decode import Clock, Generation, GenerationStats, autoregressive_generate, speculative_generate
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
-from ..core.timing import v_at
+from ..instruments.timing import v_at
 from ..drafts.loading import load_draft
 from ..paths import prompts_dir
 from . import baseline
@@ -236,7 +236,7 @@ def predicted_accepted_length(accepted_lengths, depths, gamma: int) -> float:
 def cost_model(runs: pd.DataFrame, v_by_tokens: dict) -> pd.DataFrame:
     """Per (method, task), medians over prompts: measured mean accepted length beside the cost model's E[N]
     (``predicted_accepted_length``); draft cost d and verification cost v per round (in target steps) as
-    measured, and v(nodes + 1) from the separate forward timings ``v_by_tokens`` (``core.timing.cost_by_tokens``);
+    measured, and v(nodes + 1) from the separate forward timings ``v_by_tokens`` (``instruments.timing.cost_by_tokens``);
     the predicted speedup E[N] / (d + v(nodes + 1)) (``theory.tree_speedup``) beside the measured one."""
     from . import theory
 

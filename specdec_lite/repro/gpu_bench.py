@@ -78,7 +78,7 @@ from ..core.lm import HFCausalLM, crop_to, use_dynamic_cache, use_static_cache
 from ..core.models import DTYPE_HELP, dtype_name, resolve_device, resolve_dtype
 from ..core.sampling import SamplingParams
 from ..core.tree import Tree, TreeBuilder
-from ..core.timing import timed
+from ..instruments.timing import timed
 from . import theory
 
 GREEDY = SamplingParams(temperature=0)
@@ -233,7 +233,7 @@ def time_calls(call, device, warmups: int, repeats: int, count=len) -> Timing:
 def forward_seconds(model, role: str, n_tokens: int, context: torch.Tensor, repeats: int = COST_REPEATS) -> float:
     """Median seconds of one forward over ``n_tokens`` new tokens on a warm cache holding ``context`` (1, T), fed
     the way the loop feeds them (``num_logits=n_tokens``, the same cache role), so that a compiled path replays the
-    very graph the loop uses and compiles nothing extra (``core.timing.forward_seconds`` keeps every logit, which
+    very graph the loop uses and compiles nothing extra (``instruments.timing.forward_seconds`` keeps every logit, which
     would be another graph). Two untimed forwards first."""
     lm = HFCausalLM(model, role=role)
     lm.reset(1)

@@ -9,8 +9,8 @@ import statistics
 import numpy as np
 import torch
 
-from .decode import Clock
-from .lm import HFCausalLM
+from ..core.decode import Clock
+from ..core.lm import HFCausalLM
 
 
 def timed(fn, device, clock=None):

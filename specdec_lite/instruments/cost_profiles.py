@@ -4,7 +4,7 @@ load reads them instead of timing again.
 
 A profile is keyed by everything that changes what it measures: the processor (the CPU's model name, or the CUDA
 device's name), torch's thread count, the device type, the dtype, the torch version, whether the linear layers run
-packed (``core.packed_linear``), the KV cache (dynamic, or static with its length and compilation), the model's
+packed (``tuning.packed_linear``), the KV cache (dynamic, or static with its length and compilation), the model's
 class, size and attention implementation, and whatever the caller adds (the draft's shape, its settings, how many
 timings). The file's name holds a digest of the key and the file the key itself, which must match on reading.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from ..paths import cost_profiles_dir
-from .lm import model_device, static_state
-from .packed_linear import has_packed_linears
+from ..core.lm import model_device, static_state
+from ..tuning.packed_linear import has_packed_linears
 
 FORMAT = 1  # the layout of a profile file and the way it is measured: raise it when either changes
 CONTEXT = ("measured_at", "load_average", "cpus")  # kept with every profile: when (UTC), and how busy the machine was

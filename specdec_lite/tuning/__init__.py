@@ -1,0 +1,6 @@
+"""Tuning a model may get when it loads (``core.models`` applies it; nothing here imports ``core``).
+
+  packed_linear     linear layers on oneDNN-packed weights, float32 and bfloat16 (cheaper eager forwards on CPUs)
+  batch_invariance  batch-invariant layers (a position's logits independent of the forward's width)
+  memory            will a model and its cache fit, before it loads
+"""
