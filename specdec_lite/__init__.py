@@ -22,7 +22,8 @@ Layout (each layer imports only the ones above it):
   train     target-made text, features, the training loop for the draft and the heads, model cards
   sweep     (top) the notebooks for several model pairs;  serve  (top) an OpenAI-compatible server over the loop
 """
-from .core.decode import Generation, GenerationStats, autoregressive_generate, speculative_generate
+from .core.decode import autoregressive_generate, speculative_generate
+from .core.stats import Generation, GenerationStats
 from .core.drafter import Drafter, ModelDraft
 from .core.lm import HFCausalLM, register_tokenizer
 from .core.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_model

@@ -133,18 +133,18 @@ class TruthLM(HFCausalLM):
         self.tokens = [row[:n] for row, n in zip(self.tokens, lengths)]
         self.check()
 
-    def _compact_if_worth(self):
+    def _compact(self):
         width = self.length
-        super()._compact_if_worth()
+        super()._compact()
         self.compactions += self.length < width
 
     def check(self):
         assert self.row_lengths() == [len(row) for row in self.tokens]
-        if self.mask is not None:
-            self.mirrored &= torch.equal(self.host_mask, self.mask.cpu())
+        if self.slots is not None:
+            self.mirrored &= torch.equal(self.slots.host, self.slots.device.cpu())
         for b, row in enumerate(self.tokens):
             real = row[self.padding[b]:]
-            slots = torch.arange(self.length) if self.mask is None else self.host_mask[b].nonzero()[:, 0]
+            slots = torch.arange(self.length) if self.slots is None else self.slots.host[b].nonzero()[:, 0]
             if len(slots) != len(real):
                 self.max_error = float("inf")
                 continue
@@ -227,8 +227,8 @@ class HostOnlyHoles(TruthLM):
     """A broken rollback: the host mask is right, the device mask still shows the dropped tokens to the model."""
 
     def _mark_holes(self, keep):
-        from specdec_lite.core.lm import keep_first
-        self.host_mask = keep_first(self.host_mask, torch.tensor(keep))
+        from specdec_lite.core.slots import keep_first
+        self.slots.host = keep_first(self.slots.host, torch.tensor(keep))
 
 
 @pytest.mark.parametrize("broken", [ForgetsHoles, HostOnlyHoles])
@@ -455,6 +455,7 @@ def test_heads_q_at_batch_three_is_each_rows_batch_one_q(kind, temperature, monk
     """Every round, each running row's q (the head's distributions) equals the q the head gives that prompt alone,
     within 1e-5: the features, the head's cache, its key mask (pads, stale and rolled-back entries), its positions
     and its rollback are right per row. In the runs at 0.7, EAGLE's cache is compacted whenever a slot can go."""
+    from specdec_lite.core.slots import Slots
     from specdec_lite.drafts.heads import MaskedHeadCache
 
     compactions = []
@@ -466,8 +467,8 @@ def test_heads_q_at_batch_three_is_each_rows_batch_one_q(kind, temperature, monk
         compactions.append(cache.length < before)
     monkeypatch.setattr(MaskedHeadCache, "compact_if_worth", counted)
     if temperature != 1.0:
-        monkeypatch.setattr(MaskedHeadCache, "compact_min", 1)
-        monkeypatch.setattr(MaskedHeadCache, "compact_share", 0.0)
+        monkeypatch.setattr(Slots, "compact_min", 1)
+        monkeypatch.setattr(Slots, "compact_share", 0.0)
     error, checked, stats = batched_q_error(kind, temperature=temperature)
     assert error < 1e-5 and checked >= 30
     assert 0 < stats.accepted < stats.drafted and len(set(stats.accepted_lengths)) > 1

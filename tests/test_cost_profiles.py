@@ -2,6 +2,8 @@
 profile (``instruments.cost_profiles``), read back by a later build, measured again when the file is damaged or asked to."""
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,28 @@ def test_calibrate_keeps_this_machines_costs_and_ships_them_per_kind_of_device(p
     assert sd.load_draft("dynamic-tree", target).costs["source"] == "read"
     Path(costs["file"]).unlink()  # another machine of this kind, never calibrated: the shipped defaults
     assert sd.load_draft("dynamic-tree", target).costs["source"] == "default"
+
+
+AUTO_TREES = """
+import json
+import specdec_lite as sd
+from specdec_lite.core.tokenizers import chat_ids
+target, draft, tokenizer = sd.load_pair(draft="auto")
+runs = []
+for text in ("Write a Python function that checks whether a number is prime.", "Say hello to a new colleague."):
+    out = sd.speculative_generate(target, draft, chat_ids(tokenizer, text, target.device), max_new_tokens=24,
+                                  sampling=sd.SamplingParams(temperature=0))
+    runs.append([out.tokens.tolist(), out.stats.proposed_lengths, out.stats.tree_depths])
+print(json.dumps(runs))
+"""
+
+
+def test_two_processes_draft_the_same_trees_for_the_same_prompts():
+    """``auto`` on the embedded target in its default dtype, greedy, two prompts, in two processes one after the
+    other on the same cache folder: the same trees (nodes and depth of every round) and the same tokens. The tree
+    sizes come from shipped or kept costs, never from a measurement made on the way (``drafts.loading``)."""
+    runs = [subprocess.run([sys.executable, "-c", AUTO_TREES], capture_output=True, text=True, check=True)
+            for _ in range(2)]
+    first, second = (json.loads(run.stdout.strip().splitlines()[-1]) for run in runs)
+    assert all(len(tokens) == 24 and depths for tokens, _, depths in first)  # trees were really drafted
+    assert first == second

@@ -270,7 +270,7 @@ def test_padded_draft_vocabulary_is_aligned():
 
 def test_the_clock_synchronizes_cuda_only_when_asked(monkeypatch):
     """Per-phase timing synchronizes the GPU at every reading; timed=False leaves only the final one."""
-    from specdec_lite.core.decode import Clock
+    from specdec_lite.core.stats import Clock
 
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(1))

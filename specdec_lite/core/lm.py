@@ -32,14 +32,14 @@ freezing and its C++ wrapper on a CPU, CUDA graphs on a GPU; one graph per input
 disk). Both caches run the same loop, verifier and rollback.
 
 Batches on the dynamic cache, "masked slots": every feed appends the same number of slots to every row (the loop
-feeds every row the same count), and a per-row slot mask (B, S) says which slots hold a token of the row; left pads
-and rolled-back tokens are holes. A rollback marks each row's last dropped tokens as holes (no copy), trims the
-slots that are holes in every row, and compacts the cache (valid slots first) when many slots are holes. Each token
-takes as position the number of tokens of its row before it (pads excluded: a prompt starts at 0, as with
-``generate``), and the forward gets the mask as its 2-D ``attention_mask``. The mask sits on the model's device; a
-host copy takes the same steps, so that the bookkeeping (each row's length, what to trim, when to compact) reads
-nothing from the device. While every row holds the same tokens with no hole (batch 1 always) there is no mask at
-all, and a feed or rollback is the plain one. The static cache runs batch 1.
+feeds every row the same count), and ``Slots`` (``slots.py``, the slot rule the EAGLE head's cache shares) says
+which slots hold a token of the row; left pads and rolled-back tokens are holes. A rollback marks each row's last
+dropped tokens as holes (no copy), trims the slots that are holes in every row, and compacts the cache (valid
+slots first) when many slots are holes. Each token takes as position the number of tokens of its row before it
+(pads excluded: a prompt starts at 0, as with ``generate``), and the forward gets the occupancy as its 2-D
+``attention_mask``; the bookkeeping (each row's length, what to trim, when to compact) reads the host copy, nothing
+from the device. While every row holds the same tokens with no hole (batch 1 always) there are no slots to mark,
+and a feed or rollback is the plain one. The static cache runs batch 1.
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from .compiled import CompiledForward, CompileLog
+from .slots import Slots, gathered, keep_first
 from ..tuning.packed_linear import has_packed_linears
 
 class LanguageModel:
@@ -208,7 +209,7 @@ class HFCausalLM(LanguageModel):
     takes_padding = True
     supports_hidden = True
     supports_trees = True
-    compact_min = 16  # compact when at least this many slots, and more than a quarter of them, can go
+    compact_min = Slots.compact_min  # compact when at least this many slots, and more than a quarter of them, can go
 
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, role: str = "target"):
         self.model = model
@@ -226,8 +227,7 @@ class HFCausalLM(LanguageModel):
         self.length = 0  # slots in the cache, the same for every row (a row's tokens, while there is no mask)
         self.batch_size = 0
         self.padding: list[int] = []  # left pads of each row (the first ``padding[b]`` tokens of its prompt)
-        self.mask = None  # (B, length) bool on the model's device: the slots that hold a token of each row
-        self.host_mask = None  # the same on the host, for the bookkeeping; both None: every slot holds one
+        self.slots: Slots | None = None  # which slots hold a token of each row; None: every slot holds one
         self.rows: list[int] = []  # with a mask: each row's length (pads included), as Python ints
 
     @property
@@ -248,7 +248,7 @@ class HFCausalLM(LanguageModel):
         self.batch_size = batch_size
         self.input_device = self.device  # where logits go back to, looked up once per generation
         self.padding = list(padding) if padding is not None else [0] * batch_size
-        self.mask = self.host_mask = None
+        self.slots = None
         if any(self.padding):
             self._start_mask(rows=[0] * batch_size)  # an empty cache holds no pads yet
 
@@ -296,7 +296,7 @@ class HFCausalLM(LanguageModel):
         forward = self._forward(tokens.shape[1])
         if forward is not self.model:  # a slice of the token buffer keeps its strides: a new graph for each width
             tokens = tokens.clone(memory_format=torch.contiguous_format)
-        masked = {} if self.mask is None else self._masked_inputs(tokens.shape[1])
+        masked = {} if self.slots is None else self._masked_inputs(tokens.shape[1])
         out = self._run(forward, "tokens", input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
                         output_hidden_states=hidden_layers is not None, **masked, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
@@ -305,13 +305,11 @@ class HFCausalLM(LanguageModel):
     def _masked_inputs(self, n: int) -> dict:
         """The mask grown by the ``n`` slots about to be fed (holes where they are left pads), and the forward's
         ``attention_mask`` and ``position_ids`` (each token's position: its row's tokens before it)."""
-        host_new = self._fed_slots(n)
-        new = host_new.to(self.mask.device, non_blocking=True)  # from pageable memory: copied at once, no wait
-        self.host_mask = torch.cat([self.host_mask, host_new], dim=1)
-        self.mask = torch.cat([self.mask, new], dim=1)
+        self.slots.append(self._fed_slots(n))
         self.rows = [row + n for row in self.rows]
-        positions = (self.mask.cumsum(1)[:, -n:] - 1).clamp(min=0)  # a pad's position is never read
-        return {"attention_mask": self.mask, "position_ids": positions}
+        mask = self.slots.device
+        positions = (mask.cumsum(1)[:, -n:] - 1).clamp(min=0)  # a pad's position is never read
+        return {"attention_mask": mask, "position_ids": positions}
 
     def _fed_slots(self, n: int) -> torch.Tensor:
         """(B, n) host bools: which of the next ``n`` slots of each row hold a token, not a left pad."""
@@ -338,7 +336,7 @@ class HFCausalLM(LanguageModel):
         at ``hidden_layers``). On the static cache the mask is widened to the preallocated length and, when
         compiled, the rows are padded to a ``TREE_ROWS`` budget (``static_tree_inputs``); the padding's cache
         entries are dropped at once."""
-        if self.mask is not None:
+        if self.slots is not None:
             raise NotImplementedError("token trees run one prompt at a time, without padding")
         F = tokens.shape[1]
         if self.static is not None:
@@ -394,7 +392,7 @@ class HFCausalLM(LanguageModel):
         there is no mask and every row keeps as many tokens, the slots past them are dropped; else the rows'
         dropped tokens become holes (``_crop_rows``)."""
         sizes = lengths.tolist() if torch.is_tensor(lengths) else list(lengths)
-        if self.mask is None:
+        if self.slots is None:
             keep = sizes[0] - self.padding[0]
             if all(size - pad == keep for size, pad in zip(sizes, self.padding)):
                 return self._crop_all(keep)
@@ -416,13 +414,14 @@ class HFCausalLM(LanguageModel):
             raise NotImplementedError("the static cache rolls back all rows together and takes no padding: run a "
                                       "batch on the dynamic cache (load_model(..., cache='dynamic') or "
                                       "use_dynamic_cache(model))")
-        self.host_mask = torch.ones(self.batch_size, self.length, dtype=torch.bool)
-        self.mask = torch.ones(self.batch_size, self.length, dtype=torch.bool, device=self.input_device)
+        self.slots = Slots(torch.ones(self.batch_size, self.length, dtype=torch.bool), self.input_device)
+        self.slots.compact_min = self.compact_min
         self.rows = list(rows)
 
     def _crop_rows(self, sizes: list[int]) -> None:
         """Row b keeps its first ``sizes[b]`` tokens: the others become holes; then the slots that are holes in
-        every row go, the cache is compacted if that pays, and the mask goes once every slot holds a token."""
+        every row go, the cache is compacted if that pays (``slots.py``), and the mask goes once every slot holds
+        a token."""
         if sizes == self.rows:
             return
         if any(size > row for size, row in zip(sizes, self.rows)):
@@ -431,47 +430,32 @@ class HFCausalLM(LanguageModel):
             raise ValueError(f"cannot roll rows back to {sizes}, into their left padding {self.padding}")
         self._mark_holes([size - pad for size, pad in zip(sizes, self.padding)])
         self.rows = list(sizes)
-        self._trim()
-        self._compact_if_worth()
-        if self.host_mask.all():  # every slot holds a token of its row: plain feeds again
-            self.mask = self.host_mask = None
+        dropped = self.slots.trim()
+        if dropped:
+            self.cache.crop(-dropped)
+            self.length -= dropped
+        self._compact()
+        if self.slots.full:  # every slot holds a token of its row: plain feeds again
+            self.slots = None
 
     def _mark_holes(self, keep: list[int]) -> None:
-        """Row b keeps its first ``keep[b]`` tokens; its later valid slots become holes, on both masks."""
-        counts = torch.tensor(keep)
-        self.host_mask = keep_first(self.host_mask, counts)
-        self.mask = keep_first(self.mask, counts.to(self.mask.device, non_blocking=True))
+        """Row b keeps its first ``keep[b]`` tokens; its later slots become holes."""
+        self.slots.keep(keep_first(self.slots.host, torch.tensor(keep)))
 
-    def _trim(self) -> None:
-        """Drop the last slots where they are holes in every row."""
-        used = self.host_mask.any(0).nonzero()
-        width = int(used[-1]) + 1 if len(used) else 0
-        if width < self.length:
-            self.cache.crop(width - self.length)
-            self.mask, self.host_mask = self.mask[:, :width], self.host_mask[:, :width]
-            self.length = width
-
-    def _compact_if_worth(self) -> None:
-        """When packing every row's tokens to the left would free at least ``compact_min`` slots, and more than a
-        quarter of them: do it (each layer's keys and values gathered per row, its tokens first, in order)."""
-        counts = self.host_mask.sum(1)
-        width = int(counts.max())
-        saved = self.length - width
-        if saved < self.compact_min or 4 * saved <= self.length:
+    def _compact(self) -> None:
+        """Pack every row's tokens to the left where that pays (``Slots.compaction``): each layer's keys and values
+        gathered per row, its tokens first, in order."""
+        order = self.slots.compaction()
+        if order is None:
             return
-        order = torch.sort(self.mask.logical_not().to(torch.uint8), dim=1, stable=True).indices[:, :width]
-        moved = {}  # the index on each device the cache's layers sit on, copied there once
+        moved = {}  # the order on each device the cache's layers sit on, copied there once
         for layer in self.cache.layers:
-            index = moved.setdefault(layer.keys.device, order.to(layer.keys.device))
-            index = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
-        self.mask = torch.arange(width, device=self.mask.device)[None, :] < self.mask.sum(1, keepdim=True)
-        self.host_mask = torch.arange(width)[None, :] < counts[:, None]
-        self.length = width
+            layer.keys, layer.values = gathered(layer.keys, order, moved), gathered(layer.values, order, moved)
+        self.length = self.slots.width
 
     def row_lengths(self) -> list[int]:
         """Each row's length (left pads and tokens), as Python ints: nothing is read from the device."""
-        if self.mask is None:
+        if self.slots is None:
             return [pad + self.length for pad in self.padding]
         return list(self.rows)
 
@@ -481,11 +465,6 @@ class HFCausalLM(LanguageModel):
     def cache_seq_length(self) -> int:
         """What the transformers cache itself reports (for the cache-truth tests)."""
         return int(self.cache.get_seq_length()) if self.cache is not None else 0
-
-
-def keep_first(mask: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """``mask`` (B, S) with only the first ``counts[b]`` True slots of each row left True."""
-    return mask & (mask.cumsum(1) <= counts[:, None])
 
 
 def gather_tail(seq: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.drafter import Drafter, draw
+from ..core.slots import Slots, gathered
 from ..core.lm import selected_hidden, usable_vocab_size
 from ..tuning.packed_linear import has_packed_linears, linear_on, pack_linears
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
@@ -130,58 +131,46 @@ class MaskedHeadCache(HeadCache):
     """A head's caches for a batch whose rows hold different numbers of entries (``EagleDraft`` at batch > 1):
     every forward appends the same number of slots to every row, and ``index`` (B, S), on the host, says what each
     slot holds: the buffer position i of its row's entry (made from (f_i, token i+1)), or -1, a hole (a left pad's
-    entry, one the row had already made, a rolled-back one). ``valid`` is ``index >= 0`` on the model's device, the
-    keys a query may see. ``keep`` rolls rows back by making holes; the slots that are holes in every row are
-    trimmed, and the rows are packed to the left (valid slots first, in order) when that frees at least
-    ``compact_min`` slots and more than ``compact_share`` of them. The bookkeeping reads nothing from the device."""
-
-    compact_min, compact_share = 16, 0.25
+    entry, one the row had already made, a rolled-back one). Which slots hold an entry, the trims and the
+    compactions follow the one slot rule of ``core.slots`` (``slots``), as the target's cache does."""
 
     def __init__(self, layers: int, batch_size: int, device):
         super().__init__(layers)
         self.index = torch.empty(batch_size, 0, dtype=torch.long)
-        self.valid = torch.empty(batch_size, 0, dtype=torch.bool, device=device)
+        self.slots = Slots(torch.empty(batch_size, 0, dtype=torch.bool), device)
 
     def admit(self, index: torch.Tensor) -> torch.Tensor:
         """Slots for the next forward: ``index`` (B, n) host longs, each new slot's buffer position (-1: a hole).
         Returns the forward's attention mask (B, 1, n, S + n): new slot j sees its row's valid slots, the valid new
         ones up to itself, and itself (a hole's query sees a key, so nothing is NaN; its output is never read)."""
-        n, device = index.shape[1], self.valid.device
-        fresh = index >= 0
-        new = (torch.ones(fresh.shape, dtype=torch.bool, device=device) if bool(fresh.all())
-               else fresh.to(device, non_blocking=True))  # from pageable memory: copied at once, no wait
-        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        own = torch.eye(n, dtype=torch.bool, device=device)
-        allowed = torch.cat([self.valid[:, None, :].expand(-1, n, -1), (causal & new[:, None, :]) | own], dim=2)
+        n, before = index.shape[1], self.slots.device
+        new = self.slots.append(index >= 0)
+        causal = torch.ones(n, n, dtype=torch.bool, device=new.device).tril()
+        own = torch.eye(n, dtype=torch.bool, device=new.device)
+        allowed = torch.cat([before[:, None, :].expand(-1, n, -1), (causal & new[:, None, :]) | own], dim=2)
         self.index = torch.cat([self.index, index], dim=1)
-        self.valid = torch.cat([self.valid, new], dim=1)
         return allowed[:, None]
 
     def keep(self, counts: list[int]) -> None:
-        """Row b keeps its entries of buffer positions below ``counts[b]``; the others become holes."""
+        """Row b keeps its entries of buffer positions below ``counts[b]``; the others become holes. Then the trim
+        and the compaction of ``core.slots``."""
         self.index = torch.where(self.index < torch.tensor(counts)[:, None], self.index, -1)
-        used = (self.index >= 0).any(0).nonzero()
-        width = int(used[-1]) + 1 if len(used) else 0
+        self.slots.keep(self.index >= 0)
+        width = self.length - self.slots.trim()
         if width < self.length:
             self.crop(width)
             self.index = self.index[:, :width]
         self.compact_if_worth()
-        self.valid = (self.index >= 0).to(self.valid.device, non_blocking=True)
 
     def compact_if_worth(self) -> None:
-        """Pack each row's valid slots to the left, in order, when that frees enough slots (``compact_min``, and
-        more than ``compact_share`` of them)."""
-        width = int((self.index >= 0).sum(1).max()) if self.index.numel() else 0
-        saved = self.length - width
-        if saved < max(self.compact_min, 1) or saved <= self.compact_share * self.length:
+        """Pack each row's entries to the left, in order, where ``Slots.compaction`` says it pays."""
+        order = self.slots.compaction()
+        if order is None:
             return
-        order = torch.sort((self.index < 0).to(torch.uint8), dim=1, stable=True).indices[:, :width]
         self.index = self.index.gather(1, order)
         moved = {}  # the order on each device the layers sit on, copied there once
         for cache in self.layers:
-            at = moved.setdefault(cache.k.device, order.to(cache.k.device, non_blocking=True))
-            at = at[:, None, :, None].expand(-1, cache.k.shape[1], -1, cache.k.shape[3])
-            cache.k, cache.v = cache.k.gather(2, at), cache.v.gather(2, at)
+            cache.k, cache.v = gathered(cache.k, order, moved), gathered(cache.v, order, moved)
 
 
 def rotary_tables(positions, d: int, theta: float, dtype) -> tuple:

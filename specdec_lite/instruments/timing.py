@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 import torch
 
-from ..core.decode import Clock
+from ..core.stats import Clock
 from ..core.lm import HFCausalLM
 
 

@@ -29,7 +29,8 @@ import statistics
 import pandas as pd
 import torch
 
-from ..core.decode import Clock, autoregressive_generate, padded, speculative_generate
+from ..core.decode import autoregressive_generate, padded, speculative_generate
+from ..core.stats import Clock
 from ..core.sampling import SamplingParams
 from . import baseline
 from .tasks import chat_ids

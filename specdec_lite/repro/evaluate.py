@@ -22,7 +22,8 @@ import pandas as pd
 import torch
 
 from ..tuning.batch_invariance import is_batch_invariant
-from ..core.decode import Clock, Generation, GenerationStats, autoregressive_generate, speculative_generate
+from ..core.decode import autoregressive_generate, speculative_generate
+from ..core.stats import Clock, Generation, GenerationStats
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
 from ..instruments.timing import v_at
