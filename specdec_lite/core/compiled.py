@@ -54,8 +54,14 @@ class CompiledForward:
 
 
 def inductor_cache() -> str:
-    """Where compiled graphs are kept: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else ``<cache>/inductor``."""
-    return os.environ.get(INDUCTOR_CACHE_ENV) or str(cache_dir() / "inductor")
+    """Where compiled graphs are kept: ``$TORCHINDUCTOR_CACHE_DIR`` when it names a folder of its own, else
+    ``<cache>/inductor`` (torch writes its default, a temporary folder, into the variable once it has used it)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    given = os.environ.get(INDUCTOR_CACHE_ENV)
+    if given and os.path.abspath(given) != os.path.abspath(default_cache_dir()):
+        return given
+    return str(cache_dir() / "inductor")
 
 
 def keep_graphs_on_disk() -> None:
