@@ -213,7 +213,7 @@ target, draft, tokenizer = sd.load_pair(draft="auto")
 runs = []
 for text in ("Write a Python function that checks whether a number is prime.", "Say hello to a new colleague."):
     out = sd.speculative_generate(target, draft, chat_ids(tokenizer, text, target.device), max_new_tokens=24,
-                                  sampling=sd.SamplingParams(temperature=0))
+                                  sampling=sd.SamplingParams(temperature=0), ignore_eos=True)
     runs.append([out.tokens.tolist(), out.stats.proposed_lengths, out.stats.tree_depths])
 print(json.dumps(runs))
 """
@@ -226,5 +226,5 @@ def test_two_processes_draft_the_same_trees_for_the_same_prompts():
     runs = [subprocess.run([sys.executable, "-c", AUTO_TREES], capture_output=True, text=True, check=True)
             for _ in range(2)]
     first, second = (json.loads(run.stdout.strip().splitlines()[-1]) for run in runs)
-    assert all(len(tokens) == 24 and depths for tokens, _, depths in first)  # trees were really drafted
+    assert all(len(tokens) == 24 and depths for tokens, _, depths in first), first  # trees were really drafted
     assert first == second
