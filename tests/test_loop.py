@@ -197,7 +197,7 @@ def test_stats_are_consistent(tiny_target, tiny_draft):
 
 
 class StillClock:
-    """Stands in for the time module the loop's clock reads (``decode.time``): its time stands still except when
+    """Stands in for the time module the loop's clock reads (``stats.time``): its time stands still except when
     ``sleep`` moves it, so a run's recorded seconds are exactly the sleeps charged to each phase."""
 
     def __init__(self):
@@ -226,10 +226,10 @@ def test_stats_charge_each_phase_its_own_time(monkeypatch):
     """A proposal takes 20 ms and a target forward 60 ms (one forward a round) on a clock that moves only then:
     the draft phase is charged exactly 20 ms a round, the target's exactly 60, and the total is their sum; time
     charged to the wrong phase, or missed, breaks an equality."""
-    from specdec_lite.core import decode
+    from specdec_lite.core import stats
 
     clock = StillClock()
-    monkeypatch.setattr(decode, "time", clock)
+    monkeypatch.setattr(stats, "time", clock)
     target = tiny_llama(layers=1, seed=2)
     forwards = []
 

@@ -28,12 +28,16 @@ import sys
 import time
 
 import torch
+import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 
 from ..paths import cache_dir
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 CPU_SETTINGS = {"freezing": True, "cpp_wrapper": True, "size_asserts": False}
+# graphs one forward may hold: a shape and cache size each, for every model of one architecture in the process (a
+# model's graphs are its own: its weights are frozen into them); dynamo's default, 8, would run the rest eagerly
+RECOMPILE_LIMIT = 64
 _adjusted = False
 
 
@@ -49,7 +53,7 @@ class CompiledForward:
         self.settings = CPU_SETTINGS if device.type == "cpu" else {}
 
     def __call__(self, **inputs):
-        with inductor_config.patch(self.settings):
+        with inductor_config.patch(self.settings), dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT):
             return self.forward(**inputs)
 
 
