@@ -4,7 +4,7 @@
   removes.
 - CPU: inductor with freezing (the weights become constants, and the compiler packs the linear layers' weights
   for oneDNN itself) and its C++ wrapper (the graph runs from C++, with no Python between its kernels). A decode
-  step is then faster than the eager model with packed linear layers (docs/SPEED.md has the measurements).
+  step is then faster than the eager model with packed linear layers (docs/COMPILED.md has the measurements).
 
 Compiling a model's forward for one input shape takes about a minute on a small CPU. The graphs are kept in the
 cache folder (``<cache>/inductor``, unless ``TORCHINDUCTOR_CACHE_DIR`` is set), so a later process compiles only

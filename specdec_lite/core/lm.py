@@ -54,6 +54,7 @@ from .compiled import CompiledForward, CompileLog
 from .slots import Slots, gathered, keep_first
 from ..tuning.packed_linear import has_packed_linears
 
+
 class LanguageModel:
     """The protocol of the module's text. A subclass implements ``reset``, ``feed``, ``crop`` and
     ``cache_lengths`` and declares what else it can do; the request checks read these declarations."""
@@ -288,8 +289,6 @@ class HFCausalLM(LanguageModel):
                  inputs["output_hidden_states"])
         return self.static.log.call(forward, shape, f"{inputs['input_ids'].shape[1]} {what} on a "
                                     f"{self.capacity}-token cache", **inputs)
-
-    supports_hidden = True
 
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, num_logits: int | None = None, hidden_layers: tuple | None = None):

@@ -40,10 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.drafter import Drafter, draw
-from ..core.slots import Slots, gathered
 from ..core.lm import selected_hidden, usable_vocab_size
-from ..tuning.packed_linear import has_packed_linears, linear_on, pack_linears
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
+from ..core.slots import Slots, gathered
+from ..tuning.packed_linear import has_packed_linears, linear_on, pack_linears
 from ..paths import HEAD_CONFIG, is_head_dir
 from .fingerprint import same_weights, weights_fingerprint, weights_probe
 

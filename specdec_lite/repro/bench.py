@@ -80,7 +80,8 @@ def drafted_in(model, native: list) -> bool:
     """Whether the bench drafts in this configuration: a dtype the device computes natively (``native``), loaded
     the way ours runs it (float32 with transformers' own linear layers, like emulated half precision, is timed
     plainly: a candidate for the baseline only)."""
-    compiled = static_state(model) is not None and static_state(model).compile  # compiled forwards run unpacked
+    state = static_state(model)
+    compiled = state is not None and state.compile  # compiled forwards run unpacked
     return model.dtype in native and (compiled or not kept_unpacked(model))
 
 
@@ -95,9 +96,10 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     by default the recommended one); ``skip_per_task``: leave out the first prompts of each task (5: those of the
     benchmark in 03_task_acceptance, to choose settings on other prompts); ``batch_invariant``: also time the
     batch-invariant configurations, ``static`` those on the static cache and ``compiled`` those compiled
-    (``configurations``; compile warm-ups are printed and recorded per method in ``warmup_seconds``); ``runs_out``: a CSV the per-run rows measured so far are
-    written to after each configuration (times and tokens, no speedups: the baseline needs every configuration), so
-    that a run cut off by a time limit keeps what it measured."""
+    (``configurations``; compile warm-ups are printed and recorded per method in ``warmup_seconds``); ``runs_out``:
+    a CSV the per-run rows measured so far are written to after each configuration (times and tokens, no
+    speedups: the baseline needs every configuration), so that a run cut off by a time limit keeps what it
+    measured."""
     from .evaluate import time_prompts, transformers_methods
 
     device = resolve_device(device)

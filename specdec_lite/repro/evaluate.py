@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..tuning.batch_invariance import is_batch_invariant
 from ..core.decode import autoregressive_generate, speculative_generate
-from ..core.stats import Clock, Generation, GenerationStats
 from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
 from ..core.sampling import SamplingParams
+from ..core.stats import Clock, Generation, GenerationStats
+from ..tuning.batch_invariance import is_batch_invariant
 from ..instruments.timing import v_at
 from ..drafts.loading import load_draft
 from ..paths import prompts_dir
@@ -169,9 +169,10 @@ def time_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_t
         x = chat_ids(tokenizer, p["prompt"], target.device)
         order = list(runs) if i % 2 == 0 else list(reversed(runs))  # alternate to share drift fairly
         results = {name: runs[name](x) for name in order}
-        rows.extend(run_row(p, name, gen, results["autoregressive"], plain=name in candidates,
-                            speculative=name in drafts, sampling=sampling, gamma=gamma) | {"warmup_seconds": warmup[name]}
-                    for name, gen in results.items())
+        for name, gen in results.items():
+            row = run_row(p, name, gen, results["autoregressive"], plain=name in candidates,
+                          speculative=name in drafts, sampling=sampling, gamma=gamma)
+            rows.append({**row, "warmup_seconds": warmup[name]})
     return pd.DataFrame(rows)
 
 
