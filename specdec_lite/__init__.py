@@ -13,8 +13,12 @@ reproduction checks are listed in docs/CLAIMS.md, the measurements in docs/RESUL
 
 Layout (each layer imports only the ones above it):
   paths     where shipped data, results and caches live
-  tuning    what a model may get at load: packed linear layers, batch invariance, the memory check
+  names     what a model name points to (the embedded target, shipped drafts, folders, hub ids)
+  tokenizers  whether two tokenizers are interchangeable; chat templating
+  tuning    what a model may get at load: compiled forwards, packed linear layers, batch invariance, devices and
+            dtypes, the memory check
   core      sampling, the verifier, the model-wrapper protocol, the drafter protocol, the loop, model loading
+  requests  every check of a request, before any work;  generate  the entry points: check, then run the loop
   instruments  timing, kept cost profiles, counting host reads: what measures a run
   drafts    draft kinds: n-gram (prompt lookup), layer skip, feature-level heads, token trees and adaptive
             length; loading a draft by name (load_draft("auto", target): the recommended drafting)
@@ -22,13 +26,15 @@ Layout (each layer imports only the ones above it):
   train     target-made text, features, the training loop for the draft and the heads, model cards
   sweep     (top) the notebooks for several model pairs;  serve  (top) an OpenAI-compatible server over the loop
 """
-from .core.decode import autoregressive_generate, speculative_generate
+from .generate import autoregressive_generate, speculative_generate
 from .core.stats import Generation, GenerationStats
 from .core.drafter import Drafter, ModelDraft
-from .core.lm import HFCausalLM, register_tokenizer
-from .core.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_model
+from .core.lm import HFCausalLM
+from .tokenizers import register_tokenizer
+from .names import EMBEDDED_DRAFT, EMBEDDED_TARGET
+from .core.models import load_model
 from .core.sampling import SamplingParams
-from .core.tokenizers import check_tokenizers
+from .tokenizers import check_tokenizers
 from .core.verify import verify, verify_greedy
 from .drafts.heads import EagleDraft, MedusaDraft, load_head
 from .drafts.layer_skip import LayerSkipDraft

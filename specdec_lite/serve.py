@@ -78,8 +78,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .core.models import DTYPE_HELP, EMBEDDED_TARGET
-from .core.requests import MAX_SEED, is_integer, is_number
+from .tuning.devices import DTYPE_HELP
+from .names import EMBEDDED_TARGET
+from .requests import MAX_SEED, is_integer, is_number
 
 PLAIN = "none"  # --draft none: plain decoding
 MODES = {"greedy": 0.0, "sampled": 1.0}  # the temperatures /v1/models reports batching at (any T > 0 batches alike)
@@ -443,7 +444,7 @@ class Engine:
     # ------------------------------------------------------------ what batches
     def batch_refusals(self) -> dict:
         """{"greedy": reason or None, "sampled": reason or None}: why requests of each kind run one at a time."""
-        from .core.requests import batch_refusal
+        from .requests import batch_refusal
         from .core.sampling import SamplingParams
 
         if self.max_batch == 1:
@@ -497,7 +498,7 @@ class Engine:
 
     def prompt_ids(self, messages: list) -> list[int]:
         """The chat's prompt tokens, formatted by the model's chat template."""
-        from .core.tokenizers import chat_ids
+        from .tokenizers import chat_ids
 
         try:
             return chat_ids(self.tokenizer, messages)[0].tolist()
@@ -507,12 +508,12 @@ class Engine:
                           "messages") from None
 
     def fit(self, ids: list[int], max_tokens: int | None, sampling, seed: int) -> int:
-        """``max_tokens`` for this prompt, checked by the loop's own checks (``core.requests.check_generation``,
+        """``max_tokens`` for this prompt, checked by the loop's own checks (``requests.check_generation``,
         which the run makes again); None: what the context leaves after the prompt, at most
         ``DEFAULT_MAX_TOKENS``."""
         import torch
 
-        from .core.requests import check_generation, context_limit
+        from .requests import check_generation, context_limit
 
         gamma = 1 if self.draft is None else self.gamma  # what autoregressive_generate checks with
 
@@ -608,8 +609,9 @@ class Engine:
     def decode(self, batch: list[Request]) -> None:
         """One batch through the loop (left-padded); each row's text streams to its request after every round,
         its result is set as soon as its request ends, and the run stops once every request of the batch has."""
-        from .core.decode import autoregressive_generate, padded, speculative_generate
-        from .core.requests import end_tokens
+        from .generate import autoregressive_generate, speculative_generate
+        from .tokenizers import padded
+        from .requests import end_tokens
 
         eos = set(end_tokens(self.model))
         pad = self.tokenizer.pad_token_id if isinstance(self.tokenizer.pad_token_id, int) else 0  # masked out
@@ -693,7 +695,7 @@ class Engine:
 
 
 def room_left(max_length: int, prompt_tokens: int, gamma: int) -> int:
-    """The most max_new_tokens ``core.requests.check_request`` admits after a prompt of ``prompt_tokens`` (its rule:
+    """The most max_new_tokens ``requests.check_request`` admits after a prompt of ``prompt_tokens`` (its rule:
     prompt + max_new_tokens + gamma <= the context; a test holds the two together)."""
     return max_length - prompt_tokens - gamma
 
@@ -912,7 +914,7 @@ def server_dtype(device: str) -> str:
     """The dtype a server runs in when none is asked for: float32 on a CPU, where batched greedy answers are the same
     as alone (half precision rounds a batch's forward differently, so a greedy answer can change with the requests
     beside it; ``repro.greedy_load`` measures both), else the device's "auto" dtype."""
-    from .core.models import resolve_device
+    from .tuning.devices import resolve_device
 
     return "float32" if resolve_device(device).type == "cpu" else "auto"
 
@@ -920,7 +922,8 @@ def server_dtype(device: str) -> str:
 def check_arguments(target: str, draft: str, device: str, dtype: str) -> None:
     """A clear error, before anything loads, for a name that cannot be loaded, a device that is not there or a
     dtype it cannot run (the checks the notebooks run too)."""
-    from .core.models import check_model_name, resolve_device, resolve_dtype
+    from .names import check_model_name
+    from .tuning.devices import resolve_device, resolve_dtype
     from .drafts.loading import check_draft_name
 
     resolve_dtype(dtype, resolve_device(device))

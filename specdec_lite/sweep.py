@@ -42,7 +42,7 @@ from pathlib import Path
 
 from . import paths
 from .paths import is_head_dir
-from .core.tokenizers import check_tokenizers
+from .tokenizers import check_tokenizers
 from .repro.notebook import PUBLISH_ENV, SMOKE_ENV, RunPlace, check_parameters, place_run
 
 PAIR_KEYS = {"target", "draft", "heads", "device", "dtype", "run_name", "parameters"}
@@ -151,7 +151,7 @@ def check_pair(pair: Pair, smoke: bool = False, publish: bool = False) -> RunPla
     notebooks' own checks; returns where its run writes, by the notebooks' own rule."""
     from transformers import AutoTokenizer
 
-    from .core.models import resolve_name
+    from .names import resolve_name
 
     device, dtype = check_parameters(pair.target, pair.draft, pair.device, pair.dtype)
     place = place_run(pair.target, pair.draft, device, dtype, pair.run_name, smoke, publish)

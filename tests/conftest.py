@@ -78,7 +78,7 @@ def local_pairs(tmp_path_factory):
     from tokenizers import Tokenizer, models
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from specdec_lite.core.models import embedded_target_path
+    from specdec_lite.names import embedded_target_path
 
     root = tmp_path_factory.mktemp("pairs")
     tokenizer = AutoTokenizer.from_pretrained(embedded_target_path())

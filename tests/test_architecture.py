@@ -10,7 +10,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specdec_lite"
 # each layer may import itself and the layers before it; sweep and serve are the top layer, side by side
-LAYERS = ["paths", "show", "tuning", "core", "instruments", "drafts", "repro", "train", "sweep", "serve"]
+LAYERS = ["paths", "names", "tokenizers", "show", "tuning", "core", "requests", "generate", "instruments", "drafts",
+          "repro", "train", "sweep", "serve"]
 TOP = {"sweep", "serve"}
 
 

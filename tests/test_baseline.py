@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from specdec_lite.core.models import dtype_name
+from specdec_lite.tuning.devices import dtype_name
 from specdec_lite.tuning.packed_linear import can_pack
 from specdec_lite.repro import baseline, evaluate
 
@@ -139,7 +139,7 @@ def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_pla
     """Emulated half precision, and each dtype as transformers loads it (where ours packs its linear layers), are
     timed plainly: baseline candidates, not configurations to draft in. The per-run rows are on disk as they are
     measured (a run cut off keeps them)."""
-    from specdec_lite.core.models import native_dtypes, plain_dtypes
+    from specdec_lite.tuning.devices import native_dtypes, plain_dtypes
     from specdec_lite.repro import bench
 
     cpu = torch.device("cpu")

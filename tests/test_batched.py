@@ -13,7 +13,8 @@ import torch
 from transformers import DynamicCache
 
 import specdec_lite as sd
-from specdec_lite.core.decode import EXACT, Verifier, padded
+from specdec_lite.core.decode import EXACT, Verifier
+from specdec_lite.tokenizers import padded
 from specdec_lite.core.lm import HFCausalLM
 from specdec_lite.core.sampling import probs_from_logits
 from specdec_lite.drafts.heads import FeatureDraft
@@ -139,7 +140,7 @@ class TruthLM(HFCausalLM):
         self.compactions += self.length < width
 
     def check(self):
-        assert self.row_lengths() == [len(row) for row in self.tokens]
+        assert self.cache_lengths() == [len(row) for row in self.tokens]
         if self.slots is not None:
             self.mirrored &= torch.equal(self.slots.host, self.slots.device.cpu())
         for b, row in enumerate(self.tokens):
@@ -207,7 +208,7 @@ def test_compaction_by_hand(tiny_target):
     assert lm.length == 10 and lm.compactions == 0
     lm.feed(seq[:, 10:14])  # every row: 4 more slots (14)
     lm.crop([13, 9, 12])  # tokens kept: 9, 9, 10; packed to the left, 10 slots do
-    assert lm.compactions == 1 and lm.length == 10 and lm.row_lengths() == [13, 9, 12]
+    assert lm.compactions == 1 and lm.length == 10 and lm.cache_lengths() == [13, 9, 12]
     logits = lm.feed(seq[:, 20:22])
     with torch.inference_mode():
         fresh = tiny_target(input_ids=torch.tensor([lm.tokens[0][4:]], device=DEVICE)).logits[0, -2:]

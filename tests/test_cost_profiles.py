@@ -208,7 +208,7 @@ def test_calibrate_keeps_this_machines_costs_and_ships_them_per_kind_of_device(p
 AUTO_TREES = """
 import json
 import specdec_lite as sd
-from specdec_lite.core.tokenizers import chat_ids
+from specdec_lite.tokenizers import chat_ids
 target, draft, tokenizer = sd.load_pair(draft="auto")
 runs = []
 for text in ("Write a Python function that checks whether a number is prime.", "Say hello to a new colleague."):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core.models import EMBEDDED_EAGLE_DEEP_TTT
+from specdec_lite.names import EMBEDDED_EAGLE_DEEP_TTT
 from specdec_lite.train import corpus, eagle3, teacher
 
 from conftest import tiny_llama

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core.models import embedded_target_path
+from specdec_lite.names import embedded_target_path
 from specdec_lite.repro.tasks import chat_ids
 
 from conftest import DEVICE, tiny_llama

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core.models import embedded_gguf_path
+from specdec_lite.names import embedded_gguf_path
 from specdec_lite.repro import endpoints as ep
 from specdec_lite.repro.tasks import chat_ids, load_prompts
 

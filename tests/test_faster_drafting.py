@@ -9,8 +9,8 @@ import torch
 
 import specdec_lite as sd
 from specdec_lite.tuning.batch_invariance import Float32Linear, SplitKLinear, is_batch_invariant, make_batch_invariant
-from specdec_lite.core.models import (EMBEDDED_EAGLE_DEEP_TTT, auto_dtype, cpu_has_native_bfloat16,
-                                      has_native_bfloat16, native_dtypes)
+from specdec_lite.names import EMBEDDED_EAGLE_DEEP_TTT
+from specdec_lite.tuning.devices import auto_dtype, cpu_has_native_bfloat16, has_native_bfloat16, native_dtypes
 from specdec_lite import paths
 from specdec_lite.drafts.heads import EagleDraft, read_head
 from specdec_lite.drafts.loading import (AUTO_LABEL, AUTO_LABEL_WITHOUT_HEAD, drafts_for_pair, labelled_heads,

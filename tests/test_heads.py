@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
+from specdec_lite import names
 from specdec_lite.core import models
 from specdec_lite.drafts import heads
 from specdec_lite.repro import tasks
@@ -112,7 +113,7 @@ def test_eagle_cache_holds_real_features_only_after_each_rollback():
     def rollback(kept):
         original(kept)
         # the head's cache keeps entries made from the target's features only, never from its own predictions
-        lengths_seen.append((draft.cache.length, draft.real_length, int(kept[0]), draft.features.shape[1]))
+        lengths_seen.append((draft.cache.length, draft.real_rows[0], int(kept[0]), draft.features.shape[1]))
     draft.rollback = rollback
     sd.speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), gamma=4, max_new_tokens=30, sampling=GREEDY)
     for cache_len, real, kept, n_features in lengths_seen:
@@ -331,7 +332,7 @@ def test_load_draft_names_the_draft_kinds():
 
 def test_shipped_heads_load_by_name_for_the_embedded_target(embedded):
     target, tokenizer = embedded
-    for name, kind in ((models.EMBEDDED_EAGLE_DEEP_TTT, sd.EagleDraft), (models.EMBEDDED_MEDUSA, sd.MedusaDraft)):
+    for name, kind in ((names.EMBEDDED_EAGLE_DEEP_TTT, sd.EagleDraft), (names.EMBEDDED_MEDUSA, sd.MedusaDraft)):
         draft = sd.load_draft(name, target)
         assert isinstance(draft, kind) and draft.cfg.target == sd.EMBEDDED_TARGET
         ids = tasks.chat_ids(tokenizer, "Write a Python function that adds two numbers.")
@@ -340,4 +341,4 @@ def test_shipped_heads_load_by_name_for_the_embedded_target(embedded):
         assert torch.equal(gen.tokens, base) and gen.stats.accepted > 0
     with pytest.raises(ValueError, match="fingerprint"):  # the embedded head, a same-shaped but other target
         other = tiny_llama(vocab=49152, layers=1, hidden=576, seed=0, max_positions=64)
-        sd.load_draft(models.EMBEDDED_EAGLE_DEEP_TTT, other)
+        sd.load_draft(names.EMBEDDED_EAGLE_DEEP_TTT, other)

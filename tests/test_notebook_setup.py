@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec_lite import paths
-from specdec_lite.core.models import dtype_name, resolve_dtype
+from specdec_lite.tuning.devices import dtype_name, resolve_dtype
 from specdec_lite.repro.notebook import run_name_for, setup, short_name
 
 AUTO = dtype_name(resolve_dtype("auto", "cpu"))  # the CPU's "auto" dtype: bfloat16 with native bfloat16, else float32
@@ -148,15 +148,15 @@ def test_printed_paths_carry_no_machine_prefix(tmp_path):
 
 
 def test_a_dtype_the_device_cannot_run_is_refused(monkeypatch):
-    from specdec_lite.core import models
+    from specdec_lite.tuning import devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     with pytest.raises(ValueError, match="does not support bfloat16; use dtype='float16' or 'auto'"):
-        models.resolve_dtype("bfloat16", "cuda")
-    assert models.resolve_dtype("auto", "cuda") == torch.float16  # "auto" picks what the GPU has
+        devices.resolve_dtype("bfloat16", "cuda")
+    assert devices.resolve_dtype("auto", "cuda") == torch.float16  # "auto" picks what the GPU has
     for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):  # on the CPU: bfloat16 where native
-        monkeypatch.setattr(models, "cpu_has_native_bfloat16", lambda native=native: native)
-        assert models.resolve_dtype("auto", "cpu") == dtype
-    assert models.resolve_dtype("bf16", "cpu") == torch.bfloat16
+        monkeypatch.setattr(devices, "cpu_has_native_bfloat16", lambda native=native: native)
+        assert devices.resolve_dtype("auto", "cpu") == dtype
+    assert devices.resolve_dtype("bf16", "cpu") == torch.bfloat16

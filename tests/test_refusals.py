@@ -192,7 +192,7 @@ def test_a_hub_id_the_hub_cannot_serve_is_refused_in_one_line(monkeypatch, tmp_p
     import socket
     import time
 
-    from specdec_lite.core.models import looks_like_hub_id, resolve_name
+    from specdec_lite.names import looks_like_hub_id, resolve_name
 
     assert looks_like_hub_id("meta-llama/Llama-3.1-8B-Instruct") and looks_like_hub_id("gpt2")
     assert not looks_like_hub_id("/abs/path") and not looks_like_hub_id("../x") and not looks_like_hub_id("a/b/c")

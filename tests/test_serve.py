@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
-from specdec_lite.core.tokenizers import chat_ids
+from specdec_lite.tokenizers import chat_ids
 from specdec_lite.drafts.trees import LookupTreeDraft
 from specdec_lite.repro.toy import random_pair
 from specdec_lite.serve import PLAIN, Engine, Refused, build_app, check_body

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 import specdec_lite as sd
-from specdec_lite.core.tokenizers import chat_ids
+from specdec_lite.tokenizers import chat_ids
 from specdec_lite.repro import greedy_load
 from specdec_lite.repro.endpoints import free_port
 from specdec_lite.serve import (PLAIN, SHUTDOWN_MARGIN_S, BodyLimits, Engine, Refused, build_app, first_stop,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import specdec_lite as sd
+from specdec_lite import names
 from specdec_lite.core import models
 from specdec_lite.repro import tasks
 
@@ -22,7 +23,7 @@ GAMMA = 4
 
 
 def draft_outputs(target, tokenizer) -> dict:
-    draft, _ = models.load_model(models.EMBEDDED_DRAFT, device=target.device, dtype=torch.float32)
+    draft, _ = models.load_model(names.EMBEDDED_DRAFT, device=target.device, dtype=torch.float32)
     ids = tasks.chat_ids(tokenizer, PROMPT).to(target.device)
     with torch.no_grad():
         logits = draft(input_ids=ids).logits[0].float()
@@ -51,8 +52,8 @@ def head_outputs(target, tokenizer, name: str) -> dict:
 
 def all_outputs(target, tokenizer) -> dict:
     return {"draft": draft_outputs(target, tokenizer),
-            "eagle": head_outputs(target, tokenizer, models.EMBEDDED_EAGLE_DEEP_TTT),
-            "medusa": head_outputs(target, tokenizer, models.EMBEDDED_MEDUSA)}
+            "eagle": head_outputs(target, tokenizer, names.EMBEDDED_EAGLE_DEEP_TTT),
+            "medusa": head_outputs(target, tokenizer, names.EMBEDDED_MEDUSA)}
 
 
 @pytest.mark.slow

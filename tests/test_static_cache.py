@@ -8,7 +8,7 @@ import torch
 import specdec_lite as sd
 from specdec_lite.tuning import memory
 from specdec_lite.core.lm import EAGER_ABOVE, static_state, use_dynamic_cache, use_static_cache
-from specdec_lite.core.models import resolve_dtype
+from specdec_lite.tuning.devices import resolve_dtype
 from specdec_lite.tuning.packed_linear import has_packed_linears
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 

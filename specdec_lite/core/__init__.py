@@ -6,14 +6,13 @@
   slots       the slot rule of caches whose rows roll back by different counts (the target's, the heads')
   lm          the model-wrapper protocol (LanguageModel: reset / feed / crop / cache_lengths, and what a wrapper
               declares it can do) and the Hugging Face wrapper
-  compiled    the compiled forward of the static cache (inductor with freezing on a CPU, CUDA graphs on a GPU)
   drafter     the drafter protocol (begin / propose / observe / rollback) and the independent draft model
-  tokenizers  refusing a draft whose tokenizer differs from the target's; chat templating (``chat_ids``)
-  requests    what a generation refuses before any work: every argument checked in one place
-  decode      the loop, top to bottom, and the autoregressive baseline
+  decode      the loop, top to bottom, and the autoregressive baseline, over a checked request
   stats       what a run returns (tokens, statistics) and the clock of its phases
-  models      loading a model by package name, Hugging Face id or local path; the "auto" dtype
+  models      loading a model, with the tuning it may get
 
-CPU tuning applied at load lives in ``specdec_lite.tuning``, the instruments that time and count a run in
-``specdec_lite.instruments``.
+Below the core: what a model name points to (``names``), tokenizer checks and chat templating (``tokenizers``), and
+what a model may get at load (``tuning``: compiled forwards, packed layers, devices and dtypes). Above it: the
+request checks (``requests``), the entry points that check a request and run the loop (``generate``), and the
+instruments that time and count a run (``instruments``).
 """

@@ -23,14 +23,24 @@ from typing import Callable
 import torch
 
 from .drafter import Drafter
-from .lm import cached_lengths, crop_to, feed_unseen
-from .requests import check_generation
+from .lm import feed_unseen
 from .stats import Clock, Generation, GenerationStats
 from .sampling import (SamplingParams, greedy_tokens, has_weight, probs_from_logits, refuse_without_weight, sample,
                        seen_mask)
 from .tree import (attention_mask, compact_indices, positions, tree_outcome_distribution, verify_tree,
                    verify_tree_greedy)
 from .verify import outcome_distribution, verify, verify_greedy
+
+
+@dataclass
+class Request:
+    """What the loop runs on, once a request passed its checks (``requests.check_generation``)."""
+
+    target_lm: object  # the target's wrapper (``lm.py``)
+    drafter: Drafter | None  # the drafter at this request's sampling (None: plain decoding)
+    input_ids: torch.Tensor  # (B, T) long, without the columns that are padding in every row
+    padding: list[int] | None  # each row's left pads (None: no row has any)
+    eos: list[int]  # the token ids that end a row
 
 
 @dataclass(frozen=True)
@@ -51,19 +61,6 @@ EXACT = Verifier()
 
 
 # ---------------------------------------------------------------- the token buffer
-def padded(token_lists, pad_id: int = 0, left: bool = False):
-    """(B, L) ids and their attention mask for a list of 1-D token sequences (tensors or lists), right-padded
-    (teacher forcing, training), or with ``left`` left-padded (every sequence ends in the last column: prompts that
-    decode together, as ``speculative_generate`` takes them with their ``attention_mask``)."""
-    L = max(len(t) for t in token_lists)
-    ids = torch.full((len(token_lists), L), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(token_lists), L, dtype=torch.long)
-    for r, tokens in enumerate(token_lists):
-        span = slice(L - len(tokens), L) if left else slice(0, len(tokens))
-        ids[r, span], mask[r, span] = torch.as_tensor(tokens), 1
-    return ids, mask
-
-
 def each_row(max_new_tokens: int | list, rows: int) -> list[int]:
     """Each row's max_new_tokens: the list given, or the one limit repeated."""
     return list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * rows
@@ -175,35 +172,11 @@ def greedy_choice(logits: torch.Tensor, sampling: SamplingParams, seen) -> torch
 
 
 # ---------------------------------------------------------------- the loop
-def speculative_generate(target, draft, input_ids, *, attention_mask=None, gamma: int = 4,
-                         max_new_tokens: int = 128, sampling: SamplingParams = SamplingParams(), seed: int = 0,
-                         eos_token_id=None, ignore_eos: bool = False, timed: bool = True, verifier: Verifier = EXACT,
-                         on_round: Callable[[list], None] | None = None) -> Generation:
-    """Speculative decoding: ``draft`` proposes gamma tokens, ``target`` verifies them in one forward.
-
-    target: a Hugging Face causal LM or a toy model; draft: a Hugging Face causal LM with the target's tokenizer, a
-    toy model, or a Drafter (``NGramDraft``, ``LayerSkipDraft``, a head, a tree drafter). input_ids: (T,) or (B, T).
-    A batch of prompts of different lengths comes left-padded with its ``attention_mask`` (B, T), as transformers'
-    ``generate`` takes it (``requests.check_padding``); each row is decoded as it would be alone. Batches run on
-    Hugging Face models on the dynamic cache (``lm.py``: masked slots) and on the toy models, with every chain
-    draft, the EAGLE and Medusa heads included (each row's features and head entries are its own, ``heads.py``);
-    token trees and the static cache run one prompt at a time (``requests.check_pair``). With ``sampling.temperature
-    == 0`` each row's output is the target's own greedy output, token for token (bitwise where the target's forwards
-    are batch-invariant, see ``load_model``; a batch's forwards may round differently from a lone prompt's, so a
-    near-tie of the argmax can part a row from it). A row ends at max_new_tokens (an integer, or a list: each row's
-    own) or just after an end-of-sequence token: by default the target's own (its generation config's
-    ``eos_token_id``, as transformers' ``generate``; none for the toy models), else ``eos_token_id`` (an id or a
-    list); ``ignore_eos=True`` runs every row to max_new_tokens (equal work for timing). ``timed=False`` skips the per-round
-    device synchronization (the stats' per-phase seconds then mean little on a GPU). ``verifier`` is the exact
-    one unless a test hands in a broken one. ``on_round``, when given, is called after every round with each
-    row's new tokens so far (``Decoding.emitted``): what a server streams as the rounds finish; when it returns True
-    the run ends there, returning what it made so far (a server whose clients have all gone).
-    """
-    checked = check_generation(target, draft, input_ids, attention_mask=attention_mask, gamma=gamma,
-                               max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_token_id=eos_token_id,
-                               ignore_eos=ignore_eos, timed=timed, on_round=on_round, verifier=verifier)
-    target_lm, drafter, input_ids, padding, eos = (checked.target_lm, checked.drafter, checked.input_ids,
-                                                   checked.padding, checked.eos)
+def run_speculative(request: Request, gamma: int, max_new_tokens: int | list, sampling: SamplingParams, seed: int,
+                    timed: bool, verifier: Verifier, on_round: Callable[[list], None] | None) -> Generation:
+    """The speculative loop over a checked ``request`` (``generate.speculative_generate`` is its entry)."""
+    target_lm, drafter, input_ids, padding, eos = (request.target_lm, request.drafter, request.input_ids,
+                                                   request.padding, request.eos)
     one_round = tree_round if drafter.proposes_trees else chain_round
 
     clock, stats = Clock(target_lm.device, synchronize=timed), GenerationStats()
@@ -254,7 +227,7 @@ def chain_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gen
 
     # 5) rollback: caches keep everything but the newest token
     kept = [size - 1 for size in run.sizes]
-    crop_to(target_lm, kept)
+    target_lm.crop(kept)
     drafter.rollback(kept)
     stats.record([n_read[b] for b in running], [k] * len(running), t1 - t0, clock.now() - t1)
 
@@ -270,7 +243,7 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     t1 = clock.now()
 
     # 2) target: the tokens the cache has not seen (the root last), then the nodes, under the tree mask
-    cached = cached_lengths(target_lm)[0]
+    cached = target_lm.cache_lengths()[0]
     prefix = L - cached
     tokens = torch.cat([seq[:, cached:L], tree.tokens[1:].to(seq.device)[None]], dim=1)
     dtype = getattr(getattr(target_lm, "model", None), "dtype", torch.float32)
@@ -303,18 +276,11 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     stats.record([len(path)], [tree.size - 1], t1 - t0, clock.now() - t1, depth=max(tree.depth_list()))
 
 
-def autoregressive_generate(target, input_ids, *, attention_mask=None, max_new_tokens: int = 128,
-                            sampling: SamplingParams = SamplingParams(), seed: int = 0,
-                            eos_token_id=None, ignore_eos: bool = False, timed: bool = True,
-                            on_round: Callable[[list], None] | None = None) -> Generation:
-    """The baseline: one target forward per token, through the same wrapper, sampling rule and generator;
-    ``attention_mask`` (a left-padded batch), ``eos_token_id``, ``ignore_eos`` and ``on_round`` as in
-    ``speculative_generate`` (``on_round`` is called after every token, and ends the run when it returns True)."""
-    checked = check_generation(target, None, input_ids, attention_mask=attention_mask, gamma=1,
-                               max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_token_id=eos_token_id,
-                               ignore_eos=ignore_eos, timed=timed, on_round=on_round, plain=True)
-    target_lm, input_ids, padding, eos = checked.target_lm, checked.input_ids, checked.padding, checked.eos
-
+def run_plain(request: Request, max_new_tokens: int | list, sampling: SamplingParams, seed: int, timed: bool,
+              on_round: Callable[[list], None] | None) -> Generation:
+    """The baseline, one target forward per token, over a checked ``request`` (``generate.autoregressive_generate``
+    is its entry): the same wrapper, sampling rule and generator as the speculative loop."""
+    target_lm, input_ids, padding, eos = request.target_lm, request.input_ids, request.padding, request.eos
     clock, stats = Clock(target_lm.device, synchronize=timed), GenerationStats()
     start = clock.now()
     run = Decoding.start(input_ids.to(target_lm.device), max_new_tokens, 4, eos)
@@ -342,7 +308,7 @@ def autoregressive_generate(target, input_ids, *, attention_mask=None, max_new_t
         if valid is not None:
             refuse_without_weight(valid)
         run.settle([1] * len(rows), hit)
-        crop_to(target_lm, [size - 1 for size in run.sizes])  # finished rows forget the token they were fed
+        target_lm.crop([size - 1 for size in run.sizes])  # finished rows forget the token they were fed
         stats.record([], [], 0.0, clock.now() - t0)
         if on_round is not None and on_round(run.emitted()):
             break

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from .lm import LanguageModel, as_language_model, cached_lengths, crop_to, feed_unseen
+from .lm import LanguageModel, as_language_model, feed_unseen
 from .sampling import SamplingParams, probs_from_logits, sample, seen_mask
 
 
@@ -145,7 +145,7 @@ class ModelDraft(Drafter):
     def rollback(self, kept: list[int]) -> None:
         if self.adaptive is not None and self._start is not None:
             self.adaptive.update(self._proposed, min(k - start for k, start in zip(kept, self._start)))
-        crop_to(self.lm, [min(have, k) for have, k in zip(cached_lengths(self.lm), kept)])
+        self.lm.crop([min(have, k) for have, k in zip(self.lm.cache_lengths(), kept)])
         self._context = [k + 1 for k in kept]
 
 

@@ -1,45 +1,31 @@
-"""One small protocol every model is wrapped in, so toy models, tiny random models and real models run the
-same loop:
+"""One small protocol every model is wrapped in (``LanguageModel``), so toy models, tiny random models and real
+models run the same loop:
 
-- ``reset(batch_size, padding=None, tokens=None)``: empty cache; ``padding``: each row's count of left pads (a
-  left-padded batch, as transformers' ``generate`` takes it), for wrappers that declare ``takes_padding``;
-  ``tokens``: the most a row will hold in this run (a preallocated cache is sized to it);
-- ``feed(tokens, num_logits=None)``: append tokens (B, n) to the cache, return next-token logits (B, n, V) for the
-  fed positions (only the last ``num_logits`` of them when given); Hugging Face models also take
-  ``hidden_layers=(...)`` and then return (logits, those layers' hidden states (B, n, layers x H) of all fed
-  positions, -1 being the last, after the final norm), the features that feature-level drafts (``heads.py``) read;
+- ``reset(batch_size, padding=None, tokens=None)``: empty cache; ``padding``: each row's left pads (a left-padded
+  batch, as ``generate`` takes it); ``tokens``: the most a row will hold (a preallocated cache is sized to it);
+- ``feed(tokens, num_logits=None)``: append tokens (B, n), return logits (B, n, V) of the fed positions (the last
+  ``num_logits``); Hugging Face models also take ``hidden_layers=(...)`` and then return (logits, those layers'
+  hidden states (B, n, layers x H), -1 being the last, after the final norm): what feature-level drafts read;
 - ``crop(lengths)``: roll the cache back so row b keeps its first ``lengths[b]`` tokens;
-- ``cache_lengths()``: (B,) tokens each row's cache holds (left pads included).
+- ``cache_lengths()``: the tokens each row's cache holds (left pads included).
 
-Lengths count positions of the loop's token buffer, where row b's prompt starts after its left pads.
+Lengths count positions of the loop's token buffer, where row b's prompt starts after its left pads. They are
+Python ints: the loop knows every length on the host, so a round's bookkeeping reads nothing from the device. ``vocab_size`` is the width of the
+logits (the aligned vocabulary), ``max_length`` the context (None: unbounded); a wrapper declares what it can do
+beyond the four calls (left padding, ragged batches, hidden states, token trees).
 
-The loop knows every length on the host (``decode.Decoding``), so it rolls caches back with ``crop_to`` and reads
-their lengths with ``cached_lengths``, both in Python ints: the Hugging Face wrapper keeps its rows' lengths as
-ints and takes a list of ints, so a round's bookkeeping reads nothing from the device (a GPU would wait for each
-read).
+Two caches for Hugging Face models (``use_static_cache`` or ``load_model(cache=...)``): transformers' growing
+``DynamicCache`` (the default; a rollback drops tensor slices), or a preallocated ``StaticCache`` sized to each
+request (``static_size``), where a rollback moves each layer's length and the attention mask hides the stale
+entries until they are overwritten; its short forwards can run compiled (``tuning/compiled.py``). Both run the
+same loop, verifier and rollback; the static cache runs batch 1.
 
-``vocab_size`` is the width of the logits the wrapper returns (the aligned vocabulary), ``max_length`` the
-context the model supports (None: unbounded). ``LanguageModel`` is the protocol: a wrapper subclasses it and
-declares there what it can do beyond the four calls (left padding, ragged batches, hidden states, token trees).
-
-Two caches for Hugging Face models, chosen per model with ``use_static_cache`` (or ``load_model(cache=...)``):
-transformers' ``DynamicCache`` (the default: it grows, and a rollback drops tensor slices), or a preallocated
-``StaticCache``, where a rollback only moves each layer's length and the next tokens overwrite the stale
-entries (the attention mask hides them until then). A static cache is sized to each request (``static_size``:
-the smallest of 256, 512, 1024, ... tokens that holds the prompt, the new tokens and a round's drafts), unless
-a fixed size is given. Its decode, verification and tree forwards can be compiled (``compiled.py``: inductor with
-freezing and its C++ wrapper on a CPU, CUDA graphs on a GPU; one graph per input shape and cache size, kept on
-disk). Both caches run the same loop, verifier and rollback.
-
-Batches on the dynamic cache, "masked slots": every feed appends the same number of slots to every row (the loop
-feeds every row the same count), and ``Slots`` (``slots.py``, the slot rule the EAGLE head's cache shares) says
-which slots hold a token of the row; left pads and rolled-back tokens are holes. A rollback marks each row's last
-dropped tokens as holes (no copy), trims the slots that are holes in every row, and compacts the cache (valid
-slots first) when many slots are holes. Each token takes as position the number of tokens of its row before it
-(pads excluded: a prompt starts at 0, as with ``generate``), and the forward gets the occupancy as its 2-D
-``attention_mask``; the bookkeeping (each row's length, what to trim, when to compact) reads the host copy, nothing
-from the device. While every row holds the same tokens with no hole (batch 1 always) there are no slots to mark,
-and a feed or rollback is the plain one. The static cache runs batch 1.
+Batches on the dynamic cache use masked slots: every feed appends the same number of slots to every row, and
+``Slots`` (``slots.py``, shared with the EAGLE head's cache) says which hold a token of the row; left pads and
+rolled-back tokens are holes, trimmed when a hole in every row and compacted away when many. A token's position
+is the count of its row's tokens before it (a prompt starts at 0, as with ``generate``), and the occupancy is the
+forward's 2-D ``attention_mask``; all bookkeeping reads the host copy. While no row has a hole (batch 1 always)
+feeds and rollbacks are the plain ones.
 """
 from __future__ import annotations
 
@@ -50,7 +36,8 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
-from .compiled import CompiledForward, CompileLog
+from ..tokenizers import tokenizer_of
+from ..tuning.compiled import CompiledForward, CompileLog
 from .slots import Slots, gathered, keep_first
 from ..tuning.packed_linear import has_packed_linears
 
@@ -74,28 +61,16 @@ class LanguageModel:
     def feed(self, tokens: torch.Tensor, num_logits: int | None = None):
         raise NotImplementedError
 
-    def crop(self, lengths) -> None:
+    def crop(self, lengths: list[int]) -> None:
         raise NotImplementedError
 
-    def cache_lengths(self) -> torch.Tensor:
+    def cache_lengths(self) -> list[int]:
         raise NotImplementedError
 
 
-# What specdec_lite knows of a Hugging Face model is kept on the model itself, in two attributes: its tokenizer
-# (read by the compatibility checks) and its static-cache settings (read by the wrapper).
-TOKENIZER_ATTRIBUTE = "specdec_tokenizer"
+# specdec_lite's static-cache settings for a Hugging Face model are kept on the model itself (its tokenizer too:
+# ``tokenizers.register_tokenizer``).
 STATIC_CACHE_ATTRIBUTE = "specdec_static_cache"
-
-
-def register_tokenizer(model: torch.nn.Module, tokenizer) -> None:
-    """Tell specdec_lite which tokenizer a Hugging Face model uses (``load_model`` does this for you); it is kept
-    on the model as ``model.specdec_tokenizer``."""
-    setattr(model, TOKENIZER_ATTRIBUTE, tokenizer)
-
-
-def tokenizer_of(model):
-    """The tokenizer registered for ``model``, or None."""
-    return getattr(model, TOKENIZER_ATTRIBUTE, None)
 
 
 def usable_vocab_size(model: torch.nn.Module) -> int:
@@ -386,16 +361,15 @@ class HFCausalLM(LanguageModel):
             layer.values[:, :, start: start + m] = layer.values[:, :, index]
         self.crop([start + m] * self.batch_size)
 
-    def crop(self, lengths) -> None:
-        """``lengths``: a list of ints (what the loop gives: nothing to read) or a (B,) tensor (read once). While
-        there is no mask and every row keeps as many tokens, the slots past them are dropped; else the rows'
-        dropped tokens become holes (``_crop_rows``)."""
-        sizes = lengths.tolist() if torch.is_tensor(lengths) else list(lengths)
+    def crop(self, lengths: list[int]) -> None:
+        """While there is no mask and every row keeps as many tokens, the slots past them are dropped; else the
+        rows' dropped tokens become holes (``_crop_rows``)."""
+        sizes = list(lengths)
         if self.slots is None:
             keep = sizes[0] - self.padding[0]
             if all(size - pad == keep for size, pad in zip(sizes, self.padding)):
                 return self._crop_all(keep)
-            self._start_mask(rows=self.row_lengths())
+            self._start_mask(rows=self.cache_lengths())
         self._crop_rows(sizes)
 
     def _crop_all(self, target: int) -> None:
@@ -452,14 +426,11 @@ class HFCausalLM(LanguageModel):
             layer.keys, layer.values = gathered(layer.keys, order, moved), gathered(layer.values, order, moved)
         self.length = self.slots.width
 
-    def row_lengths(self) -> list[int]:
-        """Each row's length (left pads and tokens), as Python ints: nothing is read from the device."""
+    def cache_lengths(self) -> list[int]:
+        """Each row's length (left pads and tokens), kept on the host: nothing is read from the device."""
         if self.slots is None:
             return [pad + self.length for pad in self.padding]
         return list(self.rows)
-
-    def cache_lengths(self) -> torch.Tensor:
-        return torch.tensor(self.row_lengths(), dtype=torch.long)
 
     def cache_seq_length(self) -> int:
         """What the transformers cache itself reports (for the cache-truth tests)."""
@@ -480,20 +451,6 @@ def tail(seq: torch.Tensor, lengths: list[int], n: int) -> torch.Tensor:
     return gather_tail(seq, torch.tensor(lengths).to(seq.device, non_blocking=True), n)
 
 
-def cached_lengths(lm) -> list[int]:
-    """The tokens each row's cache holds (left pads included), as Python ints: the Hugging Face wrapper's own
-    counts, else read from ``cache_lengths()`` (the toy models, on the CPU)."""
-    if isinstance(lm, HFCausalLM):
-        return lm.row_lengths()
-    return lm.cache_lengths().tolist()
-
-
-def crop_to(lm, lengths: list[int]) -> None:
-    """Roll ``lm``'s cache back to ``lengths`` (Python ints): handed as they are to the Hugging Face wrapper, as
-    a tensor to other protocol objects (the toy models)."""
-    lm.crop(lengths if isinstance(lm, HFCausalLM) else torch.tensor(lengths))
-
-
 def feed_unseen(lm, seq: torch.Tensor, lengths: list[int], extra: torch.Tensor | None = None,
                 num_logits: int | None = None, hidden_layers: tuple | None = None):
     """Feed the tokens of ``seq`` the cache has not seen yet (the whole prompt on the first call, then 1 or 2
@@ -501,8 +458,8 @@ def feed_unseen(lm, seq: torch.Tensor, lengths: list[int], extra: torch.Tensor |
     ``lengths``: each row's valid length, Python ints (nothing is read from the device). Returns the logits of the
     last ``num_logits`` fed positions; with ``hidden_layers``, (logits, those hidden states of every fed position,
     each row's buffer position of its first fed token: a list of ints, ``lengths[b] - missing``)."""
-    missing = max(length - have for length, have in zip(lengths, cached_lengths(lm)))
-    crop_to(lm, [length - missing for length in lengths])
+    missing = max(length - have for length, have in zip(lengths, lm.cache_lengths()))
+    lm.crop([length - missing for length in lengths])
     tokens = tail(seq, lengths, missing)
     if extra is not None:
         tokens = torch.cat([tokens, extra], dim=1)

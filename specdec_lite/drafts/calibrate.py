@@ -4,7 +4,9 @@ then the head's shipped defaults for the kind of device serve, and every run dra
 a quiet machine (about a minute for the embedded target on a 2-core CPU); ``make calibrate`` runs it."""
 import argparse
 
-from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
+from ..tuning.devices import DTYPE_HELP
+from ..names import EMBEDDED_TARGET
+from ..core.models import load_model
 from .loading import calibrate
 
 
@@ -15,10 +17,12 @@ def main(argv=None) -> None:
                         "recommended one)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    parser.add_argument("--int4", action="store_true", help="the embedded target on its 4-bit blocks (load_model(..., "
+                        "int4=True)), a kind of device of its own")
     parser.add_argument("--ship", action="store_true", help="also write the costs into the head's folder as the "
                         "shipped defaults for this kind of device (maintainers)")
     args = parser.parse_args(argv)
-    target, _ = load_model(args.target, args.device, args.dtype)
+    target, _ = load_model(args.target, args.device, args.dtype, int4=args.int4)
     try:
         costs = calibrate(target, args.head, ship=args.ship)
     except (RuntimeError, ValueError) as err:

@@ -18,12 +18,12 @@ predicts f'_{L-1} and so draft 1; then (f'_{L-1}, draft 1) predicts f'_L and dra
 from predicted features are dropped at the rollback: the next round re-feeds those positions with real ones.
 Until the target has run once there are no features, so the first round proposes nothing (it is the prefill).
 
-Batches (left-padded prompts of different lengths, rows that accept different numbers of drafts): the same time
-line per row, in buffer positions, with every length a host int (``FeatureDraft``: per-row feature counts, the
-loop's per-row first fed positions; ``EagleDraft``: a ``MaskedHeadCache`` whose key mask hides the pads', already
-made and rolled-back entries, positions counted from each row's first real token). A row's q is the one its prompt
-gets alone (tests/test_batched.py). Batch 1 keeps the plain path (no mask, no per-row bookkeeping); token trees
-(``trees.py``) run at batch 1 only.
+Every run is a batch (left-padded prompts of different lengths, rows that accept different numbers of drafts;
+one prompt is a batch of one row with no holes): the same time line per row, in buffer positions, with every
+length a host int (``FeatureDraft``: per-row feature counts, the loop's per-row first fed positions;
+``EagleDraft``: a ``MaskedHeadCache`` whose key mask hides the pads', already made and rolled-back entries,
+positions counted from each row's first real token). A row's q is the one its prompt gets alone
+(tests/test_batched.py); token trees (``trees.py``) run at batch 1.
 
 Checkpoints are folders with ``head_config.json``, ``head.safetensors`` and a model card (``README.md``);
 ``load_head(path_or_name, target)`` refuses a head trained for another target (hidden size, vocabulary or the
@@ -128,7 +128,7 @@ class HeadCache:
 
 
 class MaskedHeadCache(HeadCache):
-    """A head's caches for a batch whose rows hold different numbers of entries (``EagleDraft`` at batch > 1):
+    """The drafter's head caches, for a batch whose rows hold different numbers of entries (``EagleDraft``):
     every forward appends the same number of slots to every row, and ``index`` (B, S), on the host, says what each
     slot holds: the buffer position i of its row's entry (made from (f_i, token i+1)), or -1, a hole (a left pad's
     entry, one the row had already made, a rolled-back one). Which slots hold an entry, the trims and the
@@ -139,16 +139,19 @@ class MaskedHeadCache(HeadCache):
         self.index = torch.empty(batch_size, 0, dtype=torch.long)
         self.slots = Slots(torch.empty(batch_size, 0, dtype=torch.bool), device)
 
-    def admit(self, index: torch.Tensor) -> torch.Tensor:
+    def admit(self, index: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
         """Slots for the next forward: ``index`` (B, n) host longs, each new slot's buffer position (-1: a hole).
         Returns the forward's attention mask (B, 1, n, S + n): new slot j sees its row's valid slots, the valid new
-        ones up to itself, and itself (a hole's query sees a key, so nothing is NaN; its output is never read)."""
+        ones up to itself, and itself (a hole's query sees a key, so nothing is NaN; its output is never read);
+        or ``allowed`` (n, S + n) where given (a token tree's level: each node sees its ancestors)."""
         n, before = index.shape[1], self.slots.device
         new = self.slots.append(index >= 0)
+        self.index = torch.cat([self.index, index], dim=1)
+        if allowed is not None:
+            return allowed[None, None]
         causal = torch.ones(n, n, dtype=torch.bool, device=new.device).tril()
         own = torch.eye(n, dtype=torch.bool, device=new.device)
         allowed = torch.cat([before[:, None, :].expand(-1, n, -1), (causal & new[:, None, :]) | own], dim=2)
-        self.index = torch.cat([self.index, index], dim=1)
         return allowed[:, None]
 
     def keep(self, counts: list[int]) -> None:
@@ -402,10 +405,7 @@ class FeatureDraft(Drafter):
     """Shared plumbing: the target's features of every kept position, and the first-round rule.
 
     ``features`` (B, P, H) holds the target's features by position of the loop's token buffer (row b's prompt
-    starts after its ``padding[b]`` left pads). At batch 1 (no padding) ``observe`` appends the fresh features at
-    ``first_position`` and ``rollback`` crops them to the kept count: P is the context's length minus one.
-
-    In a batch (``begin`` given B > 1 rows or left pads: ``batched``) rows hold different numbers of positions:
+    starts after its ``padding[b]`` left pads). Rows may hold different numbers of positions:
     ``known[b]`` (Python ints) says row b's features are those of positions 0..known[b]-1. The loop's ``observe``
     gives each row's first fed position (a list: row b was fed from ``lengths[b] - missing`` on, see
     ``lm.feed_unseen``) and the fresh features are written there, row by row (P is the longest row's count; a
@@ -428,30 +428,20 @@ class FeatureDraft(Drafter):
         self.features = None  # (B, P, H): the target's features of positions 0..P-1 (fused, as the head reads them)
         self.target = target
         self.feature_layers = tuple(cfg.feature_layers) or (-1,)
-        self.batched, self.padding, self.known = False, [0], [0]  # until ``begin``: one prompt
+        self.padding, self.known = [0], [0]  # until ``begin``: one prompt
 
     def begin(self, input_ids, padding=None, tokens=None):
         self.features = None
         rows = input_ids.shape[0]
-        self.batched = rows > 1 or padding is not None  # rows may hold different numbers of positions
         self.padding = list(padding) if padding is not None else [0] * rows
-        self.known = [0] * rows  # batched: each row's count of positions whose features are kept
+        self.known = [0] * rows  # each row's count of positions whose features are kept
 
     @torch.inference_mode()  # no autograd graph through the head's fusion in the loop
     def observe(self, hidden, first_position: int | list[int]) -> None:
         """The target's hidden states (B, n, layers x H) of the positions it was just fed, from ``first_position``
-        on: an int (every row) or a list of ints (row b's first position)."""
+        on: an int (every row) or a list of ints (row b's first position); row b's go to positions first[b]..
+        (host ints throughout)."""
         fresh = self.head.real_features(hidden.to(self.head_dtype))
-        if self.batched:
-            return self.observe_rows(fresh, first_position)
-        first = first_position if isinstance(first_position, int) else first_position[0]
-        kept = self.features[:, :first] if self.features is not None else fresh[:, :0]
-        if kept.shape[1] != first:
-            raise RuntimeError(f"features of positions {kept.shape[1]}..{first - 1} are missing")
-        self.features = torch.cat([kept, fresh], dim=1)
-
-    def observe_rows(self, fresh: torch.Tensor, first_position: int | list[int]) -> None:
-        """``observe`` in a batch: row b's fresh features go to positions first[b].. (host ints throughout)."""
         B, n, H = fresh.shape
         firsts = [first_position] * B if isinstance(first_position, int) else list(first_position)
         for b, (first, known) in enumerate(zip(firsts, self.known)):
@@ -472,17 +462,12 @@ class FeatureDraft(Drafter):
     def rollback(self, kept: list[int]) -> None:
         if self.features is None:
             return
-        if self.batched:
-            self.known = [min(known, k) for known, k in zip(self.known, kept)]
-            self.features = self.features[:, : max(self.known)]
-        else:
-            self.features = self.features[:, : min(kept)]
+        self.known = [min(known, k) for known, k in zip(self.known, kept)]
+        self.features = self.features[:, : max(self.known)]
 
     def last_features(self) -> torch.Tensor:
         """(B, H): each row's feature of the last position the target has run over (its context's length minus
         two), a slice when the rows hold as many positions (always at batch 1), else a gather."""
-        if not self.batched:
-            return self.features[:, -1]
         if min(self.known) == max(self.known):
             return self.features[:, self.known[0] - 1]
         at = torch.tensor([known - 1 for known in self.known]).to(self.features.device, non_blocking=True)
@@ -523,86 +508,59 @@ class FeatureDraft(Drafter):
 class EagleDraft(FeatureDraft):
     """Drafts gamma tokens autoregressively on predicted features; its KV cache keeps real-feature entries only.
 
-    At batch 1 (no padding) the cache is a ``HeadCache``: entry i, made from (f_i, token i+1) at position i, for
-    i < ``real_length``; a proposal catches up on the positions it lacks, drafts, and the rollback crops.
-
-    In a batch (``FeatureDraft.batched``) rows hold different numbers of entries. The cache is a
-    ``MaskedHeadCache`` (per-row slots and a key mask) and ``real_rows[b]`` counts the positions whose entries row
-    b has made. Each entry takes as position i - padding[b], counted from the row's first real token as the
-    target counts it, so a row's entries are those it would make alone. A proposal catches up first: every row
-    gets m slots, m the most entries any row lacks, row b those of positions L_b - 1 - m .. L_b - 2 (L_b its
-    context's length, known[b] + 1); the slots of entries it has made already, of its left pads (i <
-    padding[b]) and of positions before the buffer are holes, so each row gains exactly the entries it lacks,
-    and the last slot, i = L_b - 2, gives its first draft. Each drafting step then appends one slot to every
-    row, at position L_b - 1 + i - padding[b]. A query sees its row's valid slots and itself
-    (``MaskedHeadCache.admit``). The rollback keeps row b's entries of positions below min(real_rows[b],
-    kept[b]) (those made from predicted features go, as at batch 1). Every length is a host int.
+    Rows hold different numbers of entries (one prompt: one row, no holes). The cache is a ``MaskedHeadCache``
+    (per-row slots and a key mask) and ``real_rows[b]`` counts the positions whose entries row b has made. Each
+    entry takes as position i - padding[b], counted from the row's first real token as the target counts it, so a
+    row's entries are those it would make alone. A proposal catches up first: every row gets m slots, m the most
+    entries any row lacks, row b those of positions L_b - 1 - m .. L_b - 2 (L_b its context's length, known[b] +
+    1); the slots of entries it has made already, of its left pads (i < padding[b]) and of positions before the
+    buffer are holes, so each row gains exactly the entries it lacks, and the last slot, i = L_b - 2, gives its
+    first draft. Each drafting step then appends one slot to every row, at position L_b - 1 + i - padding[b]. A
+    query sees its row's valid slots and itself (``MaskedHeadCache.admit``). The rollback keeps row b's entries of
+    positions below min(real_rows[b], kept[b]) (those made from predicted features go). Every length is a host
+    int.
     """
 
     def __init__(self, head: EagleHead, cfg: HeadConfig, target: nn.Module, vocab_ids=None):
         super().__init__(head, cfg, target, vocab_ids)
         self.embed = target.get_input_embeddings()
-        self.cache, self.real_length = self.head.new_cache(), 0
+        self.begin(torch.zeros(1, 1, dtype=torch.long))
 
     def begin(self, input_ids, padding=None, tokens=None):
         super().begin(input_ids, padding)
-        self.real_length = 0  # cache entries made from real (target) features
-        if self.batched:
-            device = next(self.head.parameters()).device
-            self.cache = MaskedHeadCache(len(self.head.layers), input_ids.shape[0], device)
-            self.real_rows = [0] * input_ids.shape[0]
-        else:
-            self.cache = self.head.new_cache()
+        device = next(self.head.parameters()).device
+        self.cache = MaskedHeadCache(len(self.head.layers), input_ids.shape[0], device)
+        self.real_rows = [0] * input_ids.shape[0]  # each row's count of entries made from real (target) features
 
     @torch.inference_mode()
     def propose(self, seq, lengths, gamma, sampling, generator):
         if self.features is None:  # the target has not run yet: this round is the prefill
             return seq.new_zeros(seq.shape[0], 0), None
-        if self.batched:
-            return self.propose_rows(seq, lengths, gamma, sampling, generator)
-        L = self.features.shape[1] + 1  # the target has run over every position but the newest token's
-        predicted = self.catch_up(seq, lengths)
-        tokens, qs = [], []
-        for i in range(gamma):
-            x_i, q_i = draw(self.output.logits(predicted[:, -1]), seq, lengths, tokens, sampling, generator)
-            tokens.append(x_i)
-            qs.append(q_i)
-            if i < gamma - 1:  # (predicted feature, draft i) -> the next predicted feature
-                pos = torch.tensor([L - 1 + i], device=seq.device)
-                predicted = self.head(predicted, self.embed(x_i[:, None]), pos, self.cache)
-        return torch.stack(tokens, 1), torch.stack(qs, 1)
-
-    def catch_up(self, seq, lengths) -> torch.Tensor:
-        """Feed the head the real features it has not seen, (f_i, token i+1) for i = h..L-2; returns the predicted
-        feature f'_{L-1} (B, 1, H), from which the first draft token comes. L, the context's length, is one more
-        than the positions whose features the drafter was given (``observe`` refuses a gap): nothing is read from
-        ``lengths``."""
-        L, h = self.features.shape[1] + 1, self.cache.length
-        positions = torch.arange(h, L - 1, device=seq.device)
-        predicted = self.head(self.features[:, h:], self.embed(seq[:, h + 1: L]), positions, self.cache)[:, -1:]
-        self.real_length = L - 1
-        return predicted
-
-    def propose_rows(self, seq, lengths, gamma, sampling, generator):
-        """``propose`` in a batch: each row drafts from its own context, L_b = known[b] + 1 tokens."""
-        contexts = [known + 1 for known in self.known]
-        predicted = self.catch_up_rows(seq, contexts)
-        drafted = torch.tensor(contexts) - 1  # each row's buffer position of its first drafted entry
-        positions = (drafted - torch.tensor(self.padding)).to(seq.device, non_blocking=True)
+        predicted = self.catch_up(seq)
         tokens, qs = [], []
         for i in range(gamma):
             x_i, q_i = draw(self.output.logits(predicted[:, -1]), seq, lengths, tokens, sampling, generator)
             tokens.append(x_i)
             qs.append(q_i)
             if i < gamma - 1:  # (predicted feature, draft i) -> the next predicted feature, in every row
-                allowed = self.cache.admit((drafted + i)[:, None])
-                predicted = self.head(predicted, self.embed(x_i[:, None]), (positions + i)[:, None], self.cache,
-                                      allowed)
+                predicted = self.draft_step(predicted, x_i, i)
         return torch.stack(tokens, 1), torch.stack(qs, 1)
 
-    def catch_up_rows(self, seq, contexts: list[int]) -> torch.Tensor:
-        """``catch_up`` in a batch: row b's entries of positions real_rows[b]..L_b - 2, fed in one head forward
-        (the class's text); returns each row's predicted feature f'_{L_b - 1} (B, 1, H)."""
+    def draft_step(self, predicted: torch.Tensor, tokens: torch.Tensor, step: int) -> torch.Tensor:
+        """Each row's next predicted feature (B, 1, H) from its predicted feature (B, 1, H) and the token (B,)
+        drafted from it: the entry of buffer position L_b - 1 + ``step``, made from a predicted feature (the
+        rollback drops it)."""
+        drafted = torch.tensor(self.known) + step  # known[b] = L_b - 1
+        positions = (drafted - torch.tensor(self.padding))[:, None].to(tokens.device, non_blocking=True)
+        allowed = self.cache.admit(drafted[:, None])
+        return self.head(predicted, self.embed(tokens[:, None]), positions, self.cache, allowed)
+
+    def catch_up(self, seq) -> torch.Tensor:
+        """Feed the head the real features it lacks: row b's entries of positions real_rows[b]..L_b - 2, in one
+        head forward (the class's text); returns each row's predicted feature f'_{L_b - 1} (B, 1, H), from which
+        its first draft comes. L_b, the context's length, is one more than the positions whose features the
+        drafter was given (``observe`` refuses a gap): nothing is read from the device."""
+        contexts = [known + 1 for known in self.known]
         lacking = max(L - 1 - made for L, made in zip(contexts, self.real_rows))
         m = max(lacking, 1)  # rows that stopped lack none: they re-feed their last entry, as a hole
         index = torch.tensor(contexts)[:, None] - 1 - m + torch.arange(m)[None, :]  # (B, m) buffer positions
@@ -639,11 +597,8 @@ class EagleDraft(FeatureDraft):
     def rollback(self, kept: list[int]) -> None:
         super().rollback(kept)
         # entries made from predicted features go, even for accepted drafts: next round re-feeds real ones
-        if self.batched:
-            self.real_rows = [min(made, k) for made, k in zip(self.real_rows, kept)]
-            self.cache.keep(self.real_rows)
-        else:
-            self.cache.crop(min(self.cache.length, self.real_length, min(kept)))
+        self.real_rows = [min(made, k) for made, k in zip(self.real_rows, kept)]
+        self.cache.keep(self.real_rows)
 
 
 class MedusaDraft(FeatureDraft):

@@ -9,10 +9,11 @@ import torch
 
 from ..instruments.cost_profiles import machine_settings
 from ..core.drafter import ByTemperature
-from ..core.lm import model_device, static_state, tokenizer_of
-from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_TARGET, check_model_name, load_model,
-                           resolve_name)
-from ..core.tokenizers import check_tokenizers
+from ..core.lm import model_device, static_state
+from ..tokenizers import tokenizer_of
+from ..names import EMBEDDED_DRAFT, EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_TARGET, check_model_name, resolve_name
+from ..core.models import load_model
+from ..tokenizers import check_tokenizers
 from ..paths import drafts_dir, is_head_dir, results_dir
 from .heads import EagleDraft, MedusaDraft, check_head_target, load_head, read_head_config
 from .layer_skip import LayerSkipDraft

@@ -99,8 +99,8 @@ class EagleTreeDraft(Drafter):
         self._proposed, self._start = 0, int(lengths[0])
         if self.eagle.features is None:  # the target has not run yet: nothing to read
             return
-        predicted = self.eagle.catch_up(seq, lengths)
-        L, parent, chain = int(lengths.max()), 0, 0
+        predicted = self.eagle.catch_up(seq)
+        parent, chain = 0, 0
         for depth in range(gamma):
             logits = self.eagle.output.logits(predicted[0, -1])  # (V,)
             if stops_here(self.adaptive, logits[None], sampling):
@@ -108,9 +108,7 @@ class EagleTreeDraft(Drafter):
             parent, token = self.candidates(builder, parent, logits)
             chain += 1  # the chain goes on under the first candidate
             if depth < gamma - 1:
-                pos = torch.tensor([L - 1 + depth], device=seq.device)
-                embedded = self.eagle.embed(torch.tensor([[token]], device=seq.device))
-                predicted = self.eagle.head(predicted[:, -1:], embedded, pos, self.eagle.cache)
+                predicted = self.eagle.draft_step(predicted, torch.tensor([token], device=seq.device), depth)
         self._proposed = chain
 
     def candidates(self, builder: TreeBuilder, parent: int, logits) -> tuple[int, int]:
@@ -210,7 +208,7 @@ class DynamicTreeDraft(Drafter):
         """Expand level by level while a level pays (at most gamma), then add the kept candidates under the root."""
         if self.eagle.features is None:  # the target has not run yet: nothing to read
             return
-        candidates = self.children([-1], 1, self.eagle.catch_up(seq, lengths)[:, -1:], [], sampling)
+        candidates = self.children([-1], 1, self.eagle.catch_up(seq), [], sampling)
         level, entry = list(range(len(candidates))), {}  # candidate -> its head cache entry once expanded
         depth, (n, speed) = 1, self.budget(candidates, 1)
         while depth < gamma:
@@ -236,8 +234,9 @@ class DynamicTreeDraft(Drafter):
         ``entry`` (candidate -> head cache slot) gains theirs."""
         eagle, device = self.eagle, seq.device
         chosen, start = [candidates[i] for i in indices], eagle.cache.length
-        allowed = torch.zeros(len(chosen), start + len(chosen), dtype=torch.bool, device=device)
-        allowed[:, : eagle.real_length] = True
+        allowed = torch.zeros(len(chosen), start + len(chosen), dtype=torch.bool)
+        made = eagle.cache.index[0]  # each slot's buffer position (-1: a hole); real entries lie below real_rows
+        allowed[:, :start] = (made >= 0) & (made < eagle.real_rows[0])
         for j, c in enumerate(chosen):
             allowed[j, start + j] = True
             parent = c.parent
@@ -248,6 +247,8 @@ class DynamicTreeDraft(Drafter):
         tokens = torch.tensor([[c.token for c in chosen]], device=device)
         sources = torch.cat([c.source[:, -1:] for c in chosen], dim=1)
         positions = torch.full((len(chosen),), position, device=device)
+        # predicted entries, recorded at the position they were drafted for: the rollback drops them
+        allowed = eagle.cache.admit(torch.full((1, len(chosen)), position), allowed.to(device))
         return eagle.head(sources, eagle.embed(tokens), positions, eagle.cache, allowed)
 
     @staticmethod
@@ -347,9 +348,9 @@ DEFAULT_COSTS = "default_costs.json"  # in a head's folder: {device class: dynam
 
 def device_class(target) -> str:
     """The kind of device whose shipped default costs apply to ``target``: its device type and dtype
-    ("cpu-bfloat16", "cuda-bfloat16", ...)."""
+    ("cpu-bfloat16", "cuda-bfloat16", ...), and "-int4" where its linear layers run on 4-bit blocks."""
     settings = machine_settings(target)
-    return f"{settings['device']}-{settings['dtype']}"
+    return f"{settings['device']}-{settings['dtype']}" + ("-int4" if settings["int4"] else "")
 
 
 def measured_dynamic_tree(eagle: EagleDraft, target, top_k: int = 4, max_depth: int = 8, repeats: int = 5,

@@ -4,7 +4,7 @@ load reads them instead of timing again.
 
 A profile is keyed by everything that changes what it measures: the processor (the CPU's model name, or the CUDA
 device's name), torch's thread count, the device type, the dtype, the torch version, whether the linear layers run
-packed (``tuning.packed_linear``), the KV cache (dynamic, or static with its length and compilation), the model's
+packed (``tuning.packed_linear``) or on 4-bit blocks (``tuning.int4``), the KV cache (dynamic, or static with its length and compilation), the model's
 class, size and attention implementation, and whatever the caller adds (the draft's shape, its settings, how many
 timings). The file's name holds a digest of the key and the file the key itself, which must match on reading.
 
@@ -28,6 +28,7 @@ import torch
 
 from ..paths import cost_profiles_dir
 from ..core.lm import model_device, static_state
+from ..tuning.int4 import has_int4_linears
 from ..tuning.packed_linear import has_packed_linears
 
 FORMAT = 1  # the layout of a profile file and the way it is measured: raise it when either changes
@@ -50,14 +51,14 @@ def processor_name(device: torch.device) -> str:
 
 def machine_settings(model: torch.nn.Module) -> dict:
     """What, besides the model's shape, changes its measured costs here: the processor, torch's threads, the
-    device type, the dtype, the torch version, packed linear layers and the KV cache."""
+    device type, the dtype, the torch version, packed or 4-bit linear layers and the KV cache."""
     device, static = model_device(model), static_state(model)
     cache = "dynamic"
     if static is not None:
         cache = f"static, {static.max_length or 'request-sized'} tokens" + (", compiled" if static.compile else "")
     return {"processor": processor_name(device), "device": device.type, "threads": torch.get_num_threads(),
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "torch": torch.__version__,
-            "packed_linears": has_packed_linears(model), "cache": cache}
+            "packed_linears": has_packed_linears(model), "int4": has_int4_linears(model), "cache": cache}
 
 
 def model_shape(model: torch.nn.Module) -> dict:

@@ -39,7 +39,7 @@ def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), re
     context = torch.randint(0, lm.vocab_size, (batch_size, context_len), generator=g).to(device)
     lm.reset(batch_size)
     lm.feed(context, num_logits=1)
-    keep = torch.full((batch_size,), context_len)
+    keep = [context_len] * batch_size
     out = {}
     for k in new_tokens:
         tokens = torch.randint(0, lm.vocab_size, (batch_size, k), generator=g).to(device)

@@ -9,6 +9,7 @@
   baseline                       the fastest plain decoding in the same run: what every speedup is over
   batching                       throughput against batch size: plain batched decoding against each drafting (C15)
   bench, demo                    a timing harness against transformers, a short demonstration
+  llama_cpp                      llama.cpp's plain decoding of the embedded GGUF, timed beside ours (bench)
   gpu_bench                      the GPU check's benchmark: real model shapes, eager against compiled
   endpoints                      OpenAI-compatible servers benchmarked side by side, and servers in subprocesses
   greedy_load                    greedy answers and throughput of the plain server under load, per configuration

@@ -3,10 +3,11 @@ same machine, measured in the same run.
 
 The candidates are plain autoregressive decoding by ours (``autoregressive_generate``) and by transformers'
 ``generate``, each in float32 and in each half precision the device runs, native or emulated
-(``core.models.plain_dtypes``: on a CPU without native bfloat16, plain decoding can be faster in emulated half
+(``tuning.devices.plain_dtypes``: on a CPU without native bfloat16, plain decoding can be faster in emulated half
 precision than in float32), on the model as it loads (not made batch-invariant, default attention), and, in each
 dtype whose linear layers ours packs for oneDNN (``tuning.packed_linear``), also as transformers loads it (so the
-rule's "transformers' generate" on the unchanged model is always among the candidates). Every
+rule's "transformers' generate" on the unchanged model is always among the candidates), and, for the embedded
+target on a CPU with native bfloat16, in bfloat16 on the 4-bit blocks its GGUF stores (``tuning.int4``). Every
 candidate is timed on the same prompts as the methods it is compared with, warmed up first, with the same number
 of new tokens (EOS is ignored while timing). The baseline is the candidate with the lowest median time per token
 over the prompts; a method's speedup on a prompt is the baseline's time per token on that prompt over the
@@ -18,35 +19,50 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from ..core.models import load_model
+from ..names import is_embedded_target
 from ..tuning.batch_invariance import is_batch_invariant
-from ..core.models import dtype_name, load_model, plain_dtypes
+from ..tuning.devices import auto_dtype, dtype_name, plain_dtypes
+from ..tuning.int4 import has_int4_linears, int4_supported
 from ..tuning.packed_linear import can_pack, kept_unpacked
 
 SAME_CONFIG = "autoregressive"  # the method row of plain decoding by ours on the run's own target
 OWN_PLAIN = (SAME_CONFIG, "transformers generate")  # plain decoding rows of the run's own target (unlabelled)
 UNPACKED = " unpacked"  # the name's mark of a model with the linear layers transformers loads (no oneDNN packing)
+INT4 = " int4"  # ... and of one whose linear layers run on their 4-bit blocks
 
 
-def plain_configurations(device: torch.device) -> list[tuple[torch.dtype, bool | None]]:
-    """(dtype, packed_linears) of every plain configuration that is a baseline candidate on ``device``: each dtype
-    of ``plain_dtypes`` as it loads, and each dtype whose linear layers ours packs also as transformers loads it."""
+def plain_configurations(device: torch.device, name: str = "") -> list[dict]:
+    """``load_model`` settings (dtype, packed_linears, int4) of every plain configuration that is a baseline
+    candidate for the model ``name`` on ``device``: each dtype of ``plain_dtypes`` as it loads, each dtype whose
+    linear layers ours packs also as transformers loads it, and the embedded target on its 4-bit blocks in bfloat16
+    where the CPU computes bfloat16 natively."""
     dtypes = plain_dtypes(device)
-    return [(dtype, None) for dtype in dtypes] + [(dtype, False) for dtype in dtypes if can_pack(device, dtype)]
+    configs = [dict(dtype=dtype, packed_linears=None, int4=False) for dtype in dtypes]
+    configs += [dict(dtype=dtype, packed_linears=False, int4=False) for dtype in dtypes if can_pack(device, dtype)]
+    if is_embedded_target(name) and auto_dtype(device) == torch.bfloat16 and not int4_supported(device, torch.bfloat16):
+        configs.append(dict(dtype=torch.bfloat16, packed_linears=None, int4=True))
+    return configs
+
+
+def label(config: dict) -> str:
+    """The name ``configuration`` gives a model loaded with ``config`` (``plain_configurations``)."""
+    return dtype_name(config["dtype"]) + (INT4 if config["int4"] else "") + (
+        "" if config["packed_linears"] is None else UNPACKED)
 
 
 def plain_candidates(target) -> dict:
     """{configuration: model} of the other plain configurations to time beside ``target``
     (``plain_configurations``: the same weights, each loaded anew), except the one ``target`` itself is (when it
     is plain, its own rows are candidates). A configuration whose copy does not fit in memory is left out."""
-    device = target.get_input_embeddings().weight.device
+    device, name = target.get_input_embeddings().weight.device, target.config._name_or_path
     own = configuration(target)
     out = {}
-    for dtype, packed in plain_configurations(device):
-        name = dtype_name(dtype) + ("" if packed is None else UNPACKED)
-        if name == own:
+    for config in plain_configurations(device, name):
+        if label(config) == own:
             continue
         try:
-            out[name], _ = load_model(target.config._name_or_path, device, dtype, packed_linears=packed)
+            out[label(config)], _ = load_model(name, device, **config)
         except (MemoryError, torch.OutOfMemoryError):
             continue
     return out
@@ -61,11 +77,13 @@ def fastest(runs: pd.DataFrame) -> str:
 
 
 def configuration(model) -> str:
-    """How a model runs, as the baseline's name says it: its dtype, and whether it was made batch-invariant or
-    keeps the linear layers transformers loads where ours packs them (``UNPACKED``)."""
+    """How a model runs, as the baseline's name says it: its dtype, and whether it was made batch-invariant, runs
+    its linear layers on 4-bit blocks (``INT4``) or keeps those transformers loads where ours packs them
+    (``UNPACKED``)."""
     if is_batch_invariant(model):
         return dtype_name(model.dtype) + " batch-invariant"
-    return dtype_name(model.dtype) + (UNPACKED if kept_unpacked(model) else "")
+    return dtype_name(model.dtype) + (INT4 if has_int4_linears(model) else "") + (
+        UNPACKED if kept_unpacked(model) else "")
 
 
 def over_fastest(runs: pd.DataFrame, own: str = "") -> pd.DataFrame:

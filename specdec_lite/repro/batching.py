@@ -29,7 +29,8 @@ import statistics
 import pandas as pd
 import torch
 
-from ..core.decode import autoregressive_generate, padded, speculative_generate
+from ..generate import autoregressive_generate, speculative_generate
+from ..tokenizers import padded
 from ..core.stats import Clock
 from ..core.sampling import SamplingParams
 from . import baseline

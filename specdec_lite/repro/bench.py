@@ -6,6 +6,7 @@
                                        [--no-batch-invariant]  (only the models as they load)
                                        [--static]  (also each native dtype on the static cache)
                                        [--compiled]  (also each native dtype on the static cache, compiled)
+                                       [--llama-cpp]  (also llama.cpp's plain decoding of the embedded GGUF)
 
 Configurations: the target loaded as it is in float32 and in each half precision the device runs
 (``plain_dtypes``), and in native half precision also made batch-invariant (``load_model(batch_invariant=True)``,
@@ -14,7 +15,10 @@ they load; in the dtypes the device computes natively (``native_dtypes``) also o
 ``--drafts`` (``load_draft``'s names, ``"auto"`` by default) and, on the models as they load, transformers' prompt
 lookup. Emulated half precision (a CPU without AVX512-BF16 or AMX) is timed plainly only: it is a candidate for
 the baseline, as plain decoding there can beat float32, but not a configuration to draft in; so is float32 as
-transformers loads it, beside ours with packed linear layers (``tuning.packed_linear``). The project's
+transformers loads it, beside ours with packed linear layers (``tuning.packed_linear``); so is the embedded
+target on its 4-bit blocks (``tuning.int4``), where the CPU computes bfloat16 natively, and drafted in. With
+``--llama-cpp``, llama.cpp's plain decoding of the embedded target's GGUF (``llama_cpp.py``) is timed beside the
+first configuration: a row of its own, not a baseline candidate. The project's
 evaluation prompts, every run exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first,
 interleaved per prompt (``evaluate.run_prompts``). The table gives, per temperature, the median ms per token,
 the median per-prompt speed over the fastest plain decoding of the run (``baseline``), and for greedy runs how
@@ -31,20 +35,23 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..core.models import (EMBEDDED_TARGET, cpu_flags, cpuinfo, dtype_name, load_model, native_dtypes,
-                           resolve_device)
+from ..names import EMBEDDED_TARGET, embedded_gguf_path
+from ..tuning.devices import cpu_flags, cpuinfo, dtype_name, native_dtypes, resolve_device
+from ..core.models import load_model
 from ..core.lm import static_state
 from ..tuning.packed_linear import kept_unpacked
 from ..core.sampling import SamplingParams
 from ..drafts.loading import TREE_DRAFTS, load_draft, tree_draft
 from . import baseline
+from .llama_cpp import llama_cpp_plain
 from .theory import geometric_mean
 from .tasks import TASKS, load_prompts
 
 
 STATIC = " static cache"  # the label's ending for a configuration on the preallocated cache
-COMPILED = " compiled"  # ... and for one on it compiled (``core.compiled``)
+COMPILED = " compiled"  # ... and for one on it compiled (``tuning.compiled``)
 COMPILED_CACHE = 512  # tokens: one cache size for every prompt, so that no new graph compiles while timing
+LLAMA_CPP, LLAMA_CPP_CONFIG = "llama.cpp plain", "Q4_1 GGUF, llama.cpp"  # its row's method and configuration
 
 
 def configurations(name: str, device, batch_invariant: bool = True, static: bool = False,
@@ -58,16 +65,19 @@ def configurations(name: str, device, batch_invariant: bool = True, static: bool
     decoding, is among the plain configurations (ours on the static cache, compiled or not, too), so leaving the
     others out only leaves out rows."""
     out, native = {}, native_dtypes(device)
-    for dtype, packed in baseline.plain_configurations(device):
-        model, _ = load_model(name, device, dtype, packed_linears=packed)
+    for config in baseline.plain_configurations(device, name):
+        dtype = config["dtype"]
+        model, _ = load_model(name, device, **config)
         out[baseline.configuration(model)] = model
+        if config["int4"]:
+            continue
         if static and dtype in native and drafted_in(model, native):
-            model, _ = load_model(name, device, dtype, packed_linears=packed, cache="static")
+            model, _ = load_model(name, device, dtype, packed_linears=config["packed_linears"], cache="static")
             out[baseline.configuration(model) + STATIC] = model
         if compiled and dtype in native and drafted_in(model, native):
             model, _ = load_model(name, device, dtype, cache="static", max_cache_len=COMPILED_CACHE, compile=True)
             out[dtype_name(dtype) + STATIC + COMPILED] = model
-        if dtype in native and dtype != torch.float32 and batch_invariant:
+        if dtype in native and dtype != torch.float32 and batch_invariant and config["packed_linears"] is None:
             try:
                 model, _ = load_model(name, device, dtype, batch_invariant=True)
                 out[baseline.configuration(model)] = model
@@ -88,7 +98,7 @@ def drafted_in(model, native: list) -> bool:
 def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),
         gamma=4, seed=0, progress=True, drafts=("auto",), head: str | None = None,
         skip_per_task: int = 0, batch_invariant: bool = True, static: bool = False, compiled: bool = False,
-        runs_out: str | Path | None = None) -> pd.DataFrame:
+        llama_cpp: bool = False, runs_out: str | Path | None = None) -> pd.DataFrame:
     """Every (configuration, method) on the same prompts, one row per run, with the speed over the fastest plain
     decoding of the whole run (columns baseline, speedup) and, within a configuration, over its own plain
     decoding (speedup_same_config). ``drafts``: the speculative methods, by ``load_draft`` name, a tree draft
@@ -97,6 +107,7 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     benchmark in 03_task_acceptance, to choose settings on other prompts); ``batch_invariant``: also time the
     batch-invariant configurations, ``static`` those on the static cache and ``compiled`` those compiled
     (``configurations``; compile warm-ups are printed and recorded per method in ``warmup_seconds``); ``runs_out``:
+    ``llama_cpp``: also time llama.cpp's plain decoding of the embedded target's GGUF (``LLAMA_CPP``); ``runs_out``:
     a CSV the per-run rows measured so far are written to after each configuration (times and tokens, no
     speedups: the baseline needs every configuration), so that a run cut off by a time limit keeps what it
     measured."""
@@ -113,14 +124,19 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
             hf = {} if "batch-invariant" in label or STATIC in label or not drafted else {
                 "transformers prompt lookup": transformers_methods()["transformers prompt lookup"]}
             speculative = {d: named_draft(d, model, head) for d in drafts} if drafted else {}
+            sampling = SamplingParams(temperature=t)
+            others = {LLAMA_CPP: llama_cpp_plain(embedded_gguf_path(), max_new_tokens, sampling, seed)} if (
+                llama_cpp and label == next(iter(configs))) else {}
             runs = time_prompts(model, tokenizer, speculative, prompts, gamma=gamma,
-                                max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=t), seed=seed,
-                                progress=progress, transformers={"transformers generate": {}, **hf})
-            frames.append(runs.assign(configuration=label))
+                                max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, progress=progress,
+                                transformers={"transformers generate": {}, **hf}, others=others)
+            runs["configuration"] = runs["method"].map(lambda m: LLAMA_CPP_CONFIG if m == LLAMA_CPP else label)
+            frames.append(runs)
             if runs_out:
                 pd.concat(frames, ignore_index=True).to_csv(runs_out, index=False)
     runs = pd.concat(frames, ignore_index=True)
     runs["method"] = runs["method"].str.replace("autoregressive", "ours autoregressive") + ", " + runs["configuration"]
+    runs.loc[runs["kind"] == "llama.cpp", "method"] = LLAMA_CPP
     runs = baseline.over_fastest(runs)
     for (_, config), at in runs.groupby(["temperature", "configuration"]):
         runs.loc[at.index, "speedup_same_config"] = baseline.speedup_over(at, f"ours autoregressive, {config}")
@@ -217,6 +233,8 @@ def main(argv=None):
                         help="also time each native dtype on the static cache (ours plain and the drafts)")
     parser.add_argument("--compiled", action="store_true",
                         help="also time each native dtype on the static cache compiled (ours plain and the drafts)")
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="also time llama.cpp's plain decoding of the embedded target's GGUF (a row, not a candidate)")
     parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV, and the "
                         "per-run rows, as they are measured, beside it (<name>_runs.csv)")
     args = parser.parse_args(argv)
@@ -224,7 +242,7 @@ def main(argv=None):
     runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma,
                drafts=args.drafts, head=args.head, skip_per_task=args.skip_per_task,
                batch_invariant=not args.no_batch_invariant, static=args.static, compiled=args.compiled,
-               runs_out=runs_csv(args.out) if args.out else None)
+               llama_cpp=args.llama_cpp, runs_out=runs_csv(args.out) if args.out else None)
     summary, where = table(runs), machine()
     if args.out:
         summary.assign(machine=where, prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(

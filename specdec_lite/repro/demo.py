@@ -9,8 +9,10 @@ import argparse
 
 import torch
 
-from ..core.decode import autoregressive_generate, speculative_generate
-from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
+from ..generate import autoregressive_generate, speculative_generate
+from ..tuning.devices import DTYPE_HELP
+from ..names import EMBEDDED_TARGET
+from ..core.models import load_model
 from ..core.sampling import SamplingParams
 from ..drafts.layer_skip import LayerSkipDraft
 from ..drafts.ngram import NGramDraft

@@ -425,7 +425,7 @@ def local_endpoints(target: str, draft: str = "auto", dtype: str = "auto", devic
     baseline is the plain server of its kind; ``split_runs`` says which run where); stop them all. ``threads``:
     each server's CPU threads (see ``local_server_command``); ``max_batch``: each of this package's servers'
     ``--max-batch``."""
-    from ..core.models import EMBEDDED_TARGET, embedded_gguf_path
+    from ..names import EMBEDDED_TARGET, embedded_gguf_path
 
     if lookup_tokens and target != EMBEDDED_TARGET:
         raise ValueError(f"llama.cpp's servers load a GGUF file, which only the embedded target ({EMBEDDED_TARGET}) "

@@ -21,8 +21,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.decode import autoregressive_generate, speculative_generate
-from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
+from ..generate import autoregressive_generate, speculative_generate
+from ..tuning.devices import DTYPE_HELP
+from ..names import EMBEDDED_TARGET
+from ..core.models import load_model
 from ..core.sampling import SamplingParams
 from ..core.stats import Clock, Generation, GenerationStats
 from ..tuning.batch_invariance import is_batch_invariant
@@ -148,8 +150,9 @@ def run_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_to
 
 def time_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_tokens=128,
                  sampling=SamplingParams(temperature=0), seed=0, progress=True, transformers: dict | None = None,
-                 plain: dict | None = None) -> pd.DataFrame:
-    """``run_prompts``' rows before any speedup is computed (column plain marks the baseline candidates)."""
+                 plain: dict | None = None, others: dict | None = None) -> pd.DataFrame:
+    """``run_prompts``' rows before any speedup is computed (column plain marks the baseline candidates);
+    ``others``: {name: function(x) -> Generation} timed beside them, not candidates (llama.cpp's decoding)."""
     from ..show import progress_bar
 
     runs = {"autoregressive": lambda x: autoregressive_generate(
@@ -160,9 +163,10 @@ def time_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_t
     for name, assist in (transformers or {}).items():
         runs[name] = lambda x, a=assist: transformers_generate(
             target, x, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos=None, **a)
-    others = plain_methods(target, plain or {}, max_new_tokens, sampling, seed)
-    runs.update(others)
-    candidates = set(others) | (set(baseline.OWN_PLAIN) if not is_batch_invariant(target) else set())
+    plain_runs = plain_methods(target, plain or {}, max_new_tokens, sampling, seed)
+    runs.update(plain_runs)
+    runs.update(others or {})
+    candidates = set(plain_runs) | (set(baseline.OWN_PLAIN) if not is_batch_invariant(target) else set())
     warmup = warm(runs, chat_ids(tokenizer, prompts[0]["prompt"], target.device))  # one untimed call each
     rows = []
     for i, p in enumerate(progress_bar(prompts, desc="prompts", disable=not progress)):
@@ -177,10 +181,12 @@ def time_prompts(target, tokenizer, drafts: dict, prompts, *, gamma=4, max_new_t
 
 
 def kind_of(name: str, speculative: bool) -> str:
-    """'speculative' (ours), 'plain' (ours or transformers' generate, any configuration) or 'transformers
-    assisted' (prompt lookup, assisted generation)."""
+    """'speculative' (ours), 'plain' (ours or transformers' generate, any configuration), 'llama.cpp' or
+    'transformers assisted' (prompt lookup, assisted generation)."""
     if speculative:
         return "speculative"
+    if name.startswith("llama.cpp"):
+        return "llama.cpp"
     return "plain" if name.startswith(("autoregressive", "transformers generate")) else "transformers assisted"
 
 

@@ -72,10 +72,10 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
-from ..core.decode import autoregressive_generate, speculative_generate
+from ..generate import autoregressive_generate, speculative_generate
 from ..core.drafter import Drafter, ModelDraft
-from ..core.lm import HFCausalLM, crop_to, use_dynamic_cache, use_static_cache
-from ..core.models import DTYPE_HELP, dtype_name, resolve_device, resolve_dtype
+from ..core.lm import HFCausalLM, use_dynamic_cache, use_static_cache
+from ..tuning.devices import DTYPE_HELP, dtype_name, resolve_device, resolve_dtype
 from ..core.sampling import SamplingParams
 from ..core.tree import Tree, TreeBuilder
 from ..instruments.timing import timed
@@ -244,7 +244,7 @@ def forward_seconds(model, role: str, n_tokens: int, context: torch.Tensor, repe
     times = []
     for r in range(COMPILED_WARMUPS + repeats):
         _, seconds = timed(lambda: lm.feed(tokens, num_logits=n_tokens), lm.device)
-        crop_to(lm, keep)
+        lm.crop(keep)
         if r >= COMPILED_WARMUPS:
             times.append(seconds)
     return statistics.median(times)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.models import EMBEDDED_TARGET
+from ..names import EMBEDDED_TARGET
 from .endpoints import EndpointError, free_port, local_server_command, run_coroutine, save, serving
 from .tasks import TASKS, load_prompts
 

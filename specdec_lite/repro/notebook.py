@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from .. import paths
-from ..core.models import (EMBEDDED_DRAFT, EMBEDDED_MEDUSA, EMBEDDED_TARGET, check_model_name, dtype_name,
-                           resolve_device, resolve_dtype)
+from ..names import EMBEDDED_DRAFT, EMBEDDED_MEDUSA, EMBEDDED_TARGET, check_model_name
+from ..tuning.devices import dtype_name, resolve_device, resolve_dtype
 from ..drafts.loading import check_draft_name
 
 SMOKE_ENV = "SPECDEC_SMOKE"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import paths
-from ..core.models import cpuinfo
+from ..tuning.devices import cpuinfo
 from ..show import to_markdown
 from . import claims as claims_mod
 from . import theory

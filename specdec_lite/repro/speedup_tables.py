@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..core.decode import speculative_generate
+from ..generate import speculative_generate
 from . import theory
 from .toy import constant_alpha_pair
 

@@ -1,4 +1,4 @@
-"""Prompt sets (JSONL); chat templating is ``core.tokenizers.chat_ids`` (imported here for the notebooks).
+"""Prompt sets (JSONL); chat templating is ``tokenizers.chat_ids`` (imported here for the notebooks).
 
 Format: one JSON object per line with at least ``{"id": str, "task": str, "prompt": str}``; any other field is
 kept. ``data/prompts/`` ships 25 prompts per task for code, summarization, dialogue and translation, written
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..core.tokenizers import chat_ids  # noqa: F401 (the notebooks and scripts import it from here)
+from ..tokenizers import chat_ids  # noqa: F401 (the notebooks and scripts import it from here)
 from ..paths import prompts_dir
 
 TASKS = ("code", "summarization", "dialogue", "translation")

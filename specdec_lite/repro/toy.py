@@ -31,13 +31,13 @@ class MarkovLM(LanguageModel):
         self.transition = t
         self.log_transition = t.log()  # -inf for impossible transitions: softmax gives them 0
         self.vocab_size = t.shape[0]
-        self.lengths = torch.zeros(0, dtype=torch.long)
+        self.lengths: list[int] = []  # tokens each row's cache holds
 
     def reset(self, batch_size: int, padding: list[int] | None = None, tokens: int | None = None) -> None:
-        self.lengths = torch.zeros(batch_size, dtype=torch.long)
+        self.lengths = [0] * batch_size
 
     def feed(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        self.lengths += tokens.shape[1]
+        self.lengths = [length + tokens.shape[1] for length in self.lengths]
         logits = self.log_transition[tokens]  # (B, n, V) float64
         return logits if num_logits is None else logits[:, -num_logits:]
 
@@ -46,16 +46,15 @@ class MarkovLM(LanguageModel):
         return self.feed(tokens)
 
     def compact(self, keep: torch.Tensor) -> None:
-        self.lengths = torch.full_like(self.lengths, int(keep[0]) + len(keep))
+        self.lengths = [int(keep[0]) + len(keep)] * len(self.lengths)
 
-    def crop(self, lengths: torch.Tensor) -> None:
-        lengths = lengths.to(self.lengths.device)
-        if (lengths > self.lengths).any():
+    def crop(self, lengths: list[int]) -> None:
+        if any(new > old for new, old in zip(lengths, self.lengths)):
             raise ValueError("cannot roll a cache forward")
-        self.lengths = lengths.clone()
+        self.lengths = list(lengths)
 
-    def cache_lengths(self) -> torch.Tensor:
-        return self.lengths.clone()
+    def cache_lengths(self) -> list[int]:
+        return list(self.lengths)
 
     def sequence_probability(self, tokens: torch.Tensor, after: int) -> torch.Tensor:
         """P(tokens | last prompt token = after) for each row of tokens (N, n): the target's exact law."""

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.decode import EXACT, Verifier, autoregressive_generate, speculative_generate
+from ..core.decode import EXACT, Verifier
+from ..generate import autoregressive_generate, speculative_generate
 from ..core.sampling import SamplingParams
 from . import articles, stats
 from .exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference

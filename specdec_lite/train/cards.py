@@ -14,7 +14,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from ..core.models import EMBEDDED_DRAFT, EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_MEDUSA, EMBEDDED_TARGET
+from ..names import EMBEDDED_DRAFT, EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_MEDUSA, EMBEDDED_TARGET
 from ..drafts.heads import parameter_count
 from ..paths import drafts_dir
 from ..show import to_markdown

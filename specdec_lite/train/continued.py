@@ -33,7 +33,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..core.models import EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_TARGET, load_model
+from ..names import EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_TARGET
+from ..core.models import load_model
 from ..drafts.heads import read_head_config
 from .. import paths
 from ..paths import drafts_dir

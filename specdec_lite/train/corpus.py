@@ -55,7 +55,9 @@ import numpy as np
 import torch
 
 from .. import paths
-from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
+from ..tuning.devices import DTYPE_HELP
+from ..names import EMBEDDED_TARGET
+from ..core.models import load_model
 from .refill import RefillingSampler
 from .restore import missing_text
 

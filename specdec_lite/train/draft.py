@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..core.decode import padded
+from ..tokenizers import padded
 from .batching import frequent_tokens
 from .loop import (CONFIG_FILE, LOG_FILE, LoopConfig, TrainingLoop, heldout_split, mean_over_chunks, read_config,
                    read_log, require_checkpoint, write_config, write_log)

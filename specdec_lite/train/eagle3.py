@@ -35,13 +35,14 @@ import pandas as pd
 import torch
 
 from ..core.lm import selected_hidden
-from ..core.models import EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_TARGET, load_model
+from ..names import EMBEDDED_EAGLE_DEEP_TTT, EMBEDDED_TARGET
+from ..core.models import load_model
 from ..drafts.heads import (EagleHead, OutputLayer, build_head, fused_layers, head_config_for,
                             read_head, save_head)
 from .. import paths
 from ..paths import drafts_dir
 from . import corpus, teacher
-from ..core.decode import padded
+from ..tokenizers import padded
 from .batching import draftable_tokens
 from .heads import soft_cross_entropy
 from ..show import to_markdown

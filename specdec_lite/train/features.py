@@ -21,10 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
+from ..tuning.devices import DTYPE_HELP
+from ..names import EMBEDDED_TARGET
+from ..core.models import load_model
 from ..drafts.fingerprint import weights_fingerprint
 from .. import paths
-from ..core.decode import padded
+from ..tokenizers import padded
 from .corpus import load_index
 from .restore import missing_text
 

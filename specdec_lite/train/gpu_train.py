@@ -63,7 +63,8 @@ import torch
 import transformers
 
 from .. import paths
-from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, check_model_name, resolve_device, resolve_dtype
+from ..tuning.devices import DTYPE_HELP, resolve_device, resolve_dtype
+from ..names import EMBEDDED_TARGET, check_model_name
 from ..repro.bench import machine
 from ..show import to_markdown
 from . import continued, corpus, eagle3

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..drafts.heads import (HeadConfig, OutputLayer, build_head, check_head_target, head_config_for,
                             parameter_count, read_head, save_head)
 from ..paths import HEAD_CONFIG, drafts_dir
-from ..core.decode import padded
+from ..tokenizers import padded
 from .batching import draftable_tokens
 from .corpus import load_records
 from .features import load_features

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.models import DTYPE_HELP
+from ..tuning.devices import DTYPE_HELP
 
 STATE_FILE = "training_state.pt"
 LOG_FILE = "training_log.jsonl"

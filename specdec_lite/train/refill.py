@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicLayer
 from ..core.lm import cache_keyword, check_full_attention
 from ..core.sampling import SamplingParams, probs_from_logits, sample
 from ..repro.tasks import chat_ids
-from ..core.decode import padded
+from ..tokenizers import padded
 
 
 class RefillingSampler:

@@ -39,7 +39,9 @@ from pathlib import Path
 import torch
 
 from .. import paths
-from ..core.models import DTYPE_HELP, EMBEDDED_TARGET, load_model
+from ..tuning.devices import DTYPE_HELP
+from ..names import EMBEDDED_TARGET
+from ..core.models import load_model
 from . import sources
 
 REQUESTS_FILE = "self_requests.jsonl"

@@ -190,7 +190,7 @@ def build_teacher_text(tokenizer, out_dir: Path | None = None, budget_tokens: in
 def main(argv=None):
     from transformers import AutoTokenizer
 
-    from ..core.models import EMBEDDED_TARGET, embedded_target_path, resolve_name
+    from ..names import EMBEDDED_TARGET, embedded_target_path, resolve_name
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=EMBEDDED_TARGET, help="whose tokenizer (default: the embedded target)")

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .devices import dtype_name
+
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether ``PackedLinear`` runs for a model on ``device`` in ``dtype``: on a CPU with oneDNN, float32, and
@@ -109,3 +111,14 @@ def kept_unpacked(model: nn.Module) -> bool:
     (``load_model(..., packed_linears=False)``, or too little memory for the copies)."""
     weight = model.get_input_embeddings().weight
     return can_pack(weight.device, weight.dtype) and not has_packed_linears(model)
+
+
+def check_packable(device: torch.device, dtype: torch.dtype, device_map, batch_invariant: bool) -> None:
+    """Refuse ``packed_linears=True`` where it cannot run, saying what to load instead."""
+    if not can_pack(device, dtype):
+        raise ValueError(f"packed_linears=True runs float32 linear layers on a CPU with oneDNN (bfloat16 ones where "
+                         f"oneDNN computes bfloat16: AVX-512 or AMX), not "
+                         f"{dtype_name(dtype)} on {device}; load with packed_linears=None (the default) or False")
+    if device_map is not None or batch_invariant:
+        raise ValueError("packed_linears=True goes with neither device_map nor batch_invariant=True (those place or "
+                         "replace the linear layers themselves); load with packed_linears=None or False")

@@ -1,7 +1,7 @@
 """What a generation refuses, before any work: the one place where a request to the loop is checked.
 
 ``check_generation`` takes every argument of ``speculative_generate`` and ``autoregressive_generate`` and returns
-what the loop runs on (the wrapped target and drafter, the prompt as a (B, T) tensor, each row's left padding, the
+the ``core.decode.Request`` the loop runs on (the wrapped target and drafter, the prompt as a (B, T) tensor, each row's left padding, the
 end-of-sequence tokens), or raises an error naming the argument, the value it got and what to give instead. A
 batch that would decode silently wrong (padded rows without their mask, token ids outside the vocabulary) is
 refused here, never run.
@@ -9,33 +9,23 @@ refused here, never run.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from numbers import Integral, Real
 
 import torch
 
-from .drafter import Drafter, as_drafter
-from .lm import HFCausalLM, as_language_model, tokenizer_of
-from .sampling import SamplingParams
+from .core.decode import Request
+from .core.drafter import Drafter, as_drafter
+from .core.lm import HFCausalLM, as_language_model
+from .tokenizers import tokenizer_of
+from .core.sampling import SamplingParams
 from .tokenizers import check_tokenizers
 
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes any 64-bit integer; we take the non-negative ones
 
 
-@dataclass
-class Checked:
-    """What the loop runs on once a request passed its checks."""
-
-    target_lm: object  # the target's wrapper (``lm.py``)
-    drafter: Drafter | None  # the drafter at this request's sampling (None: plain decoding)
-    input_ids: torch.Tensor  # (B, T) long, without the columns that are padding in every row
-    padding: list[int] | None  # each row's left pads (None: no row has any)
-    eos: list[int]  # the token ids that end a row
-
-
 def check_generation(target, draft, input_ids, *, attention_mask, gamma, max_new_tokens, sampling, seed,
                      eos_token_id, ignore_eos, timed=True, on_round=None, verifier=None,
-                     plain: bool = False) -> Checked:
+                     plain: bool = False) -> Request:
     """Every argument of a generation checked, in the order a user would fix them; ``plain``: the baseline
     (``draft`` is ignored, gamma is 1)."""
     check_flag("ignore_eos", ignore_eos)
@@ -55,7 +45,7 @@ def check_generation(target, draft, input_ids, *, attention_mask, gamma, max_new
         check_batch(input_ids, padding, target_lm)
     else:
         check_pair(target, target_lm, drafter, input_ids, sampling, padding)
-    return Checked(target_lm, drafter, input_ids, padding, end_tokens(target, eos_token_id, ignore_eos))
+    return Request(target_lm, drafter, input_ids, padding, end_tokens(target, eos_token_id, ignore_eos))
 
 
 # ---------------------------------------------------------------- arguments one by one

@@ -1,10 +1,15 @@
-"""Tokenizer compatibility: a draft must map text to the same ids as the target, or q(x)/p(x) compares
-different tokens."""
+"""Tokenizers: which one a model uses (registered on the model), whether a draft's maps text to the same ids as the
+target's (else q(x)/p(x) would compare different tokens), chat templating, and token lists padded into a batch."""
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
+
+import torch
+
+# the tokenizer of a Hugging Face model is kept on the model itself (read by the compatibility checks)
+TOKENIZER_ATTRIBUTE = "specdec_tokenizer"
 
 
 @functools.lru_cache(maxsize=16)
@@ -43,3 +48,27 @@ def chat_ids(tokenizer, text: str | list, device="cpu"):
     else:
         ids = tokenizer("\n".join(m["content"] for m in messages), return_tensors="pt")["input_ids"]
     return ids.to(device)
+
+
+def register_tokenizer(model: torch.nn.Module, tokenizer) -> None:
+    """Tell specdec_lite which tokenizer a Hugging Face model uses (``load_model`` does this for you); it is kept
+    on the model as ``model.specdec_tokenizer``."""
+    setattr(model, TOKENIZER_ATTRIBUTE, tokenizer)
+
+
+def tokenizer_of(model):
+    """The tokenizer registered for ``model``, or None."""
+    return getattr(model, TOKENIZER_ATTRIBUTE, None)
+
+
+def padded(token_lists, pad_id: int = 0, left: bool = False):
+    """(B, L) ids and their attention mask for a list of 1-D token sequences (tensors or lists), right-padded
+    (teacher forcing, training), or with ``left`` left-padded (every sequence ends in the last column: prompts that
+    decode together, as ``speculative_generate`` takes them with their ``attention_mask``)."""
+    L = max(len(t) for t in token_lists)
+    ids = torch.full((len(token_lists), L), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(token_lists), L, dtype=torch.long)
+    for r, tokens in enumerate(token_lists):
+        span = slice(L - len(tokens), L) if left else slice(0, len(tokens))
+        ids[r, span], mask[r, span] = torch.as_tensor(tokens), 1
+    return ids, mask
