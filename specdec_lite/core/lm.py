@@ -10,9 +10,9 @@ models run the same loop:
 - ``cache_lengths()``: the tokens each row's cache holds (left pads included).
 
 Lengths count positions of the loop's token buffer, where row b's prompt starts after its left pads. They are
-Python ints: the loop knows every length on the host, so a round's bookkeeping reads nothing from the device. ``vocab_size`` is the width of the
-logits (the aligned vocabulary), ``max_length`` the context (None: unbounded); a wrapper declares what it can do
-beyond the four calls (left padding, ragged batches, hidden states, token trees).
+Python ints: the loop knows every length on the host, so a round's bookkeeping reads nothing from the device.
+``vocab_size`` is the width of the logits (the aligned vocabulary), ``max_length`` the context (None: unbounded); a
+wrapper declares what it can do beyond the four calls (left padding, ragged batches, hidden states, token trees).
 
 Two caches for Hugging Face models (``use_static_cache`` or ``load_model(cache=...)``): transformers' growing
 ``DynamicCache`` (the default; a rollback drops tensor slices), or a preallocated ``StaticCache`` sized to each

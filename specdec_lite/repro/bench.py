@@ -234,7 +234,8 @@ def main(argv=None):
     parser.add_argument("--compiled", action="store_true",
                         help="also time each native dtype on the static cache compiled (ours plain and the drafts)")
     parser.add_argument("--llama-cpp", action="store_true",
-                        help="also time llama.cpp's plain decoding of the embedded target's GGUF (a row, not a candidate)")
+                        help="also time llama.cpp's plain decoding of the embedded target's GGUF (a row, not a "
+                        "baseline candidate)")
     parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV, and the "
                         "per-run rows, as they are measured, beside it (<name>_runs.csv)")
     args = parser.parse_args(argv)
