@@ -148,11 +148,11 @@ def test_greedy_identity_in_float32_ours_and_transformers(embedded):
 
 def assert_greedy_identity(model, tokenizer):
     """Same model, same dtype: our speculative output (every drafting kind by name, trees and dynamic trees
-    included) == our autoregressive output == transformers' generate, on two evaluation prompts, 48 tokens."""
+    included; "auto" greedy is "hybrid-dynamic", ``test_auto_is_the_hybrid_dynamic_tree...``) == our
+    autoregressive output == transformers' generate, on two evaluation prompts, 48 tokens."""
     drafts = {"auto": load_draft("auto", model), "eagle chain": load_draft(EMBEDDED_EAGLE_DEEP_TTT, model),
               "eagle-tree": load_draft("eagle-tree", model), "n-gram": load_draft("n-gram", model),
-              "dynamic-tree": load_draft("dynamic-tree", model), "hybrid-dynamic": load_draft("hybrid-dynamic", model),
-              "trained draft": load_draft(sd.EMBEDDED_DRAFT, model)}
+              "dynamic-tree": load_draft("dynamic-tree", model), "trained draft": load_draft(sd.EMBEDDED_DRAFT, model)}
     eos = tokenizer.eos_token_id
     for p in first_per_task(load_prompts(), 1)[:2]:
         x = chat_ids(tokenizer, p["prompt"])

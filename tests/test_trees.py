@@ -354,16 +354,17 @@ def test_t1_eagle_trees_keep_the_target_law(kind):
     random EAGLE-3-style head: EAGLE-2's dynamic tree (chosen candidates), or the dynamic tree with lookup branches
     (auto's greedy drafting), also on a head of two decoder layers (the chain with siblings moves the broken law
     too little for this test's power: its exact law is checked above). The first round is the prefill, so the
-    first three tokens are where the tree acts. n = 3,000 runs of the real loop; chi-square of the first three
+    first three tokens are where the tree acts. n = 1,000 runs of the real loop; chi-square of the first three
     tokens (27 cells) against the target's exact law at level 1e-3. Against the loop with the residual left out of
-    the verifier the test's power, from that loop's law by enumeration, is > 0.99, and it rejects that loop run."""
+    the verifier the test's power, from that loop's law by enumeration, is > 0.9999 for each kind (0.99 is reached
+    from n = 400 for the two-layer head, 300 for the others), and it rejects that loop run."""
     target = tiny_llama(vocab=3, layers=2, seed=11)
-    sampling, n = sd.SamplingParams(temperature=1.0), 3000
+    sampling, n = sd.SamplingParams(temperature=1.0), 1000
     want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
     broken_verifier = TREE_MUTANTS["residual not updated between siblings"]
     broken = exact_speculative_distribution(target, eagle_tree(kind, target), EAGLE_PROMPT, gamma=2, n=3,
                                             sampling=sampling, verifier=broken_verifier)
-    assert chi_square_power(want, broken, n, level=1e-3) > 0.99
+    assert chi_square_power(want, broken, n, level=1e-3) > 0.9999
 
     def first_three(verifier, seed0):
         drafter = eagle_tree(kind, target)

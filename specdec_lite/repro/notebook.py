@@ -78,6 +78,18 @@ class NotebookRun:
                                                 for name, (value, small) in parameters.items()))
         return tuple(small if self.smoke else value for value, small in parameters.values())
 
+    def plain_candidates(self, target) -> dict:
+        """The plain configurations timed beside ``target`` as baseline candidates: every one
+        (``baseline.plain_candidates``) in a full run; in a smoke run none, so the target's own plain decoding is
+        the baseline, which it prints. Notebook 03, the benchmark, times every candidate in smoke runs too, so that
+        CI runs each of them once."""
+        if self.smoke:
+            print("smoke: the baseline is the target's own plain decoding (a full run times every plain configuration)")
+            return {}
+        from .baseline import plain_candidates
+
+        return plain_candidates(target)
+
     def where(self) -> str:
         """Where this run writes, in words (``setup`` prints it)."""
         if self.published:
