@@ -17,8 +17,10 @@ import torch
 import specdec_lite as sd
 from specdec_lite import names
 from specdec_lite.core import models
+from specdec_lite.core.lm import use_static_cache
 from specdec_lite.drafts import heads
 from specdec_lite.repro import tasks
+from specdec_lite.tuning.packed_linear import can_pack, pack_linears
 from specdec_lite.train import corpus, features
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import MUTANTS
@@ -45,6 +47,29 @@ def random_head_draft(target, kind, sub_vocab=None, num_heads=3, seed=1):
             if p.dim() == 2:
                 p.normal_(0, 0.3 / p.shape[1] ** 0.5 * 4)
     return heads.make_drafter(head, cfg, target, sub_vocab)
+
+
+@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="this torch has no oneDNN")
+def test_a_head_runs_packed_beside_a_packed_or_compiled_target_and_as_loaded_beside_an_unpacked_one():
+    """A head's linear layers and its output layer run on packed weights beside a target whose linear layers run
+    packed, and beside one whose forwards run compiled (the head stays eager); beside a target as transformers
+    loads it they stay ``nn.Linear``, as that target's do. The output layer's logits agree either way (to
+    rounding)."""
+    def packed_parts(target):
+        draft = random_head_draft(target, "eagle", seed=3)
+        return {type(m).__name__ for m in draft.head.modules() if "Linear" in type(m).__name__}, draft
+
+    as_loaded, draft = packed_parts(tiny_llama(vocab=48, layers=2, seed=4))
+    assert as_loaded == {"Linear"} and type(draft.output.product).__name__ == "Linear"
+    packed_target = tiny_llama(vocab=48, layers=2, seed=4)
+    pack_linears(packed_target)
+    compiled_target = use_static_cache(tiny_llama(vocab=48, layers=2, seed=4), max_length=64, compile=True)
+    for target in (packed_target, compiled_target):
+        kinds, packed_draft = packed_parts(target)
+        assert kinds == {"PackedLinear"} and type(packed_draft.output.product).__name__ == "PackedLinear"
+    x = torch.randn(1, 3, draft.cfg.hidden_size)
+    with torch.inference_mode():
+        assert torch.allclose(packed_draft.output.logits(x), draft.output.logits(x), atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", DRAFT_KINDS)

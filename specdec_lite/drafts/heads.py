@@ -40,10 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.drafter import Drafter, draw
-from ..core.lm import selected_hidden, usable_vocab_size
+from ..core.lm import selected_hidden, static_state, usable_vocab_size
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 from ..core.slots import Slots, gathered
-from ..tuning.packed_linear import has_packed_linears, linear_on, pack_linears
+from ..tuning.packed_linear import can_pack, has_packed_linears, linear_on, pack_linears
 from ..paths import HEAD_CONFIG, is_head_dir
 from .fingerprint import same_weights, weights_fingerprint, weights_probe
 
@@ -369,6 +369,18 @@ def build_head(cfg: HeadConfig) -> nn.Module:
 # ------------------------------------------------------------------------------------------- output layer
 
 
+def packs_head(target: nn.Module) -> bool:
+    """Whether a head beside ``target`` runs its linear layers and its output layer on oneDNN-packed weights
+    (``tuning.packed_linear``): where the target's run packed, and beside a target whose forwards run compiled
+    (the compiler packs the target's weights itself, while the head runs eagerly, one small forward at a time),
+    on a device and dtype that ``can_pack``. A target loaded as transformers loads it (``packed_linears=False``)
+    or made batch-invariant keeps its head as transformers would run it too."""
+    weight = target.get_output_embeddings().weight
+    state = static_state(target)
+    compiled = state is not None and state.compile
+    return has_packed_linears(target) or (compiled and can_pack(weight.device, weight.dtype))
+
+
 class OutputLayer:
     """The target's output layer, optionally restricted to ``vocab_ids``; logits come back full width with -inf
     outside the sub-vocabulary, so q (and its zeros) is what the verifier sees."""
@@ -381,7 +393,7 @@ class OutputLayer:
         self.weight = weight[:vocab_size] if vocab_ids is None else weight[self.vocab_ids]  # (S, H)
         bias = getattr(target.get_output_embeddings(), "bias", None)
         self.bias = None if bias is None else (bias[:vocab_size] if vocab_ids is None else bias[self.vocab_ids])
-        self.product = linear_on(self.weight, self.bias, packed=has_packed_linears(target))  # as the target's run
+        self.product = linear_on(self.weight, self.bias, packed=packs_head(target))
 
     def sub_logits(self, hidden):  # (..., H) -> (..., S)
         return self.product(hidden.to(self.weight.dtype))
@@ -421,8 +433,8 @@ class FeatureDraft(Drafter):
         check_head_target(cfg, target)
         self.cfg = cfg
         self.head = head.to(device=target.device, dtype=target.dtype).eval()
-        if has_packed_linears(target):
-            pack_linears(self.head)  # the head's linear layers run as its target's do (tuning.packed_linear)
+        if packs_head(target):
+            pack_linears(self.head)
         self.vocab_size = cfg.vocab_size
         self.output = OutputLayer(target, cfg.vocab_size, vocab_ids)
         self.features = None  # (B, P, H): the target's features of positions 0..P-1 (fused, as the head reads them)
