@@ -156,7 +156,8 @@ def test_a_noisy_measurement_is_used_but_not_kept_saying_so(tmp_path, monkeypatc
 def test_shipped_defaults_serve_every_run_alike_until_a_calibration_is_kept(profiles, monkeypatch, capsys):
     """With defaults for this device class (a head folder's DEFAULT_COSTS), nothing is timed on load: two builds
     use the same costs and draft the same trees, saying the defaults serve; defaults for another class do not apply
-    (the first load measures); remeasure=True (calibrate) keeps this machine's costs, which later builds read."""
+    (the first load measures); remeasure=True (calibrate) keeps this machine's costs, which later builds read. A
+    compiled target (a class of its own) without costs shipped for its class drafts with its device's eager ones."""
     target = tiny_llama(vocab=64, seed=0)
     measured = build(target).costs
     saved = json.loads(Path(measured["file"]).read_text())["costs"]
@@ -164,6 +165,7 @@ def test_shipped_defaults_serve_every_run_alike_until_a_calibration_is_kept(prof
     default = {**saved, "v": {**saved["v"], "2": 9.0}}  # unlike what this machine measured: visibly the default
     default["spread"] = {**saved["spread"], "v": {**saved["spread"]["v"], "2": [9.0, 9.0, 9.0]}}
     assert trees.device_class(target) == "cpu-float32"
+    assert trees.device_class(use_static_cache(tiny_llama(vocab=64, seed=0), compile=True)) == "cpu-float32-compiled"
     capsys.readouterr()
 
     def no_timing(*args, **kwargs):
@@ -181,6 +183,12 @@ def test_shipped_defaults_serve_every_run_alike_until_a_calibration_is_kept(prof
     calibrated = build(target, defaults={"cpu-float32": default}, remeasure=True).costs
     assert calibrated["source"] == "measured" and calibrated["v"][2] != 9.0
     assert build(target, defaults={"cpu-float32": default}).costs["source"] == "read"
+    compiled = use_static_cache(tiny_llama(vocab=64, seed=0), compile=True)  # no costs shipped for its own class
+    with monkeypatch.context() as patch:
+        patch.setattr(trees, "forward_seconds", no_timing)
+        patch.setattr(trees, "round_seconds", no_timing)
+        eager_defaults = build(compiled, defaults={"cpu-float32": default}).costs
+    assert eager_defaults["source"] == "default" and eager_defaults["v"][2] == 9.0
 
 
 def test_calibrate_keeps_this_machines_costs_and_ships_them_per_kind_of_device(profiles, tmp_path, monkeypatch):

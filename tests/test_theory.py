@@ -97,6 +97,28 @@ def test_forward_seconds_are_medians_of_the_timed_repeats_after_a_warm_up():
         timing.forward_seconds(tiny_llama(), new_tokens=(0, 2))
 
 
+def test_tree_forward_seconds_time_what_a_tree_round_runs(monkeypatch):
+    """With ``tree=True`` every k > 1 is timed through the tree forward (a chain of k tokens under the tree mask,
+    at the positions after the context: on a compiled static cache the rows are padded as a tree round's are);
+    k = 1 stays a decode step. A batch is refused: trees run one prompt at a time."""
+    from specdec_lite.core.lm import HFCausalLM
+
+    from conftest import tiny_llama
+
+    fed, feed_tree = [], HFCausalLM.feed_tree
+
+    def recorded(self, tokens, mask, position_ids, hidden_layers=None):
+        fed.append((tuple(tokens.shape), tuple(mask.shape), position_ids.tolist()))
+        return feed_tree(self, tokens, mask, position_ids, hidden_layers)
+
+    monkeypatch.setattr(HFCausalLM, "feed_tree", recorded)
+    seconds = timing.forward_seconds(tiny_llama(), context_len=8, new_tokens=(1, 3), repeats=2, tree=True)
+    assert set(seconds) == {1, 3}
+    assert fed == [((1, 3), (1, 1, 3, 11), [[8, 9, 10]])] * 3  # a warm-up and 2 timed, each after the rollback
+    with pytest.raises(ValueError, match="batch_size must be 1"):
+        timing.forward_seconds(tiny_llama(), new_tokens=(2,), batch_size=2, tree=True)
+
+
 def test_memory_bandwidth_is_twice_the_bytes_over_the_median_copy_time():
     from specdec_lite.repro import bench
 

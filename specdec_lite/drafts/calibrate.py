@@ -19,10 +19,13 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     parser.add_argument("--int4", action="store_true", help="the embedded target on its 4-bit blocks (load_model(..., "
                         "int4=True)), a kind of device of its own")
+    parser.add_argument("--compile", action="store_true", help="the target compiled on a request-sized static cache "
+                        "(load_model(..., cache='static', compile=True)), a kind of device of its own")
     parser.add_argument("--ship", action="store_true", help="also write the costs into the head's folder as the "
                         "shipped defaults for this kind of device (maintainers)")
     args = parser.parse_args(argv)
-    target, _ = load_model(args.target, args.device, args.dtype, int4=args.int4)
+    compiled = dict(cache="static", compile=True) if args.compile else {}
+    target, _ = load_model(args.target, args.device, args.dtype, int4=args.int4, **compiled)
     try:
         costs = calibrate(target, args.head, ship=args.ship)
     except (RuntimeError, ValueError) as err:

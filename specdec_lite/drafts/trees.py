@@ -287,12 +287,13 @@ def dynamic_tree_profile_key(eagle: EagleDraft, target, top_k: int, max_depth: i
                              passes: int) -> dict:
     """What a dynamic tree's measured costs depend on (``instruments.cost_profiles``): this machine and the target's
     settings on it, the target's and the head's shapes, the tree's ``top_k`` and ``max_depth``, and the timings
-    taken (the token counts, ``passes`` of ``repeats`` each)."""
+    taken (the token counts, through the tree forward, ``passes`` of ``repeats`` each)."""
     head = {"class": type(eagle.head).__name__, "parameters": sum(p.numel() for p in eagle.head.parameters()),
             "layers": eagle.cfg.num_layers, "feature_layers": len(eagle.feature_layers),
             "output_rows": eagle.output.weight.shape[0]}
     return {"machine": machine_settings(target), "target": model_shape(target), "head": head, "top_k": top_k,
-            "max_depth": max_depth, "tokens": sorted({1, *tokens}), "repeats": repeats, "passes": passes}
+            "max_depth": max_depth, "tokens": sorted({1, *tokens}), "verification": "tree forward",
+            "repeats": repeats, "passes": passes}
 
 
 def min_median_max(values) -> list[float]:
@@ -303,7 +304,8 @@ def min_median_max(values) -> list[float]:
 def measure_dynamic_tree_costs(eagle: EagleDraft, target, top_k: int, max_depth: int, tokens, repeats: int,
                                passes: int) -> dict:
     """The costs of a dynamic tree on this machine, timed in ``passes`` separate passes, each over every quantity
-    with ``repeats`` timings (``forward_seconds``, ``round_seconds``): v(n) of ``target`` for n in ``tokens`` and 1,
+    with ``repeats`` timings (``forward_seconds``, ``round_seconds``): v(n) of ``target``'s tree forward (``tree``:
+    padded as a compiled one is) for n in ``tokens`` and 1,
     the head's cost per depth (a round of ``max_depth`` levels over ``max_depth``, in the pass's target decode
     steps) and the target's decode step in seconds. Each is the median over the passes; ``spread`` keeps each
     one's [min, median, max] over them."""
@@ -312,7 +314,7 @@ def measure_dynamic_tree_costs(eagle: EagleDraft, target, top_k: int, max_depth:
     probe = DynamicTreeDraft(eagle, verify_cost=lambda n: 1.0, head_cost=0.0, top_k=top_k)  # expands every level
     vs, head_costs, steps = [], [], []
     for _ in range(passes):
-        seconds = forward_seconds(target, new_tokens=sorted({1, *tokens}), repeats=repeats)
+        seconds = forward_seconds(target, new_tokens=sorted({1, *tokens}), repeats=repeats, tree=True)
         vs.append(relative_to_one_token(seconds))
         head_costs.append(round_seconds(probe, target, max_depth, repeats=repeats) / max_depth / seconds[1])
         steps.append(seconds[1])
@@ -344,13 +346,16 @@ def dynamic_tree_costs_from_json(saved: dict) -> dict:
 
 
 DEFAULT_COSTS = "default_costs.json"  # in a head's folder: {device class: dynamic-tree costs}, shipped defaults
+COMPILED = "-compiled"  # the device class of a target whose forwards run compiled ends so (``device_class``)
 
 
 def device_class(target) -> str:
     """The kind of device whose shipped default costs apply to ``target``: its device type and dtype
-    ("cpu-bfloat16", "cuda-bfloat16", ...), and "-int4" where its linear layers run on 4-bit blocks."""
+    ("cpu-bfloat16", "cuda-bfloat16", ...), "-int4" where its linear layers run on 4-bit blocks and "-compiled"
+    where its forwards run compiled (its tree forwards are padded, its decode step is faster)."""
     settings = machine_settings(target)
-    return f"{settings['device']}-{settings['dtype']}" + ("-int4" if settings["int4"] else "")
+    return (f"{settings['device']}-{settings['dtype']}" + ("-int4" if settings["int4"] else "")
+            + (COMPILED if settings["cache"].endswith("compiled") else ""))
 
 
 def measured_dynamic_tree(eagle: EagleDraft, target, top_k: int = 4, max_depth: int = 8, repeats: int = 5,
@@ -363,8 +368,9 @@ def measured_dynamic_tree(eagle: EagleDraft, target, top_k: int = 4, max_depth: 
     (``instruments.cost_profiles``: under ``paths.cost_profiles_dir()``, keyed by ``dynamic_tree_profile_key``); a later
     call with the same key reads it, and prints one line naming the file. ``remeasure=True``, or deleting the file,
     measures again. ``defaults`` ({device class: costs}, a head folder's ``DEFAULT_COSTS``): where one is given for
-    this device class (``device_class``), it serves instead of a first measurement, so every run drafts the same
-    trees until ``remeasure=True`` (``drafts.loading.calibrate``) keeps this machine's costs. The costs, their
+    this device class (``device_class``; for a compiled target without its own, the same device's eager class),
+    it serves instead of a first measurement, so every run drafts the same trees until ``remeasure=True``
+    (``drafts.loading.calibrate``) keeps this machine's costs. The costs, their
     spread over the passes and where they came from (``source`` "measured", "read" or "default", ``file``,
     ``measured_at``, and the ``load_average`` on ``cpus`` then) are kept in ``costs``."""
     key = dynamic_tree_profile_key(eagle, target, top_k, max_depth, tokens, repeats, passes)
@@ -373,6 +379,8 @@ def measured_dynamic_tree(eagle: EagleDraft, target, top_k: int = 4, max_depth: 
         return measure_dynamic_tree_costs(eagle, target, top_k, max_depth, tokens, repeats, passes)
 
     kind = device_class(target)
+    if kind not in (defaults or {}) and kind.endswith(COMPILED):  # none shipped for it: the eager ones serve
+        kind = kind.removesuffix(COMPILED)
     costs = kept_or_measured("dynamic-tree", key, measure, dynamic_tree_costs_from_json, remeasure=remeasure,
                              default=(defaults or {}).get(kind), default_name=kind)
     return DynamicTreeDraft(eagle, functools.partial(v_at, costs["v"]), costs["head_cost"], top_k, costs=costs)

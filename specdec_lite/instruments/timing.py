@@ -11,6 +11,7 @@ import torch
 
 from ..core.stats import Clock
 from ..core.lm import HFCausalLM
+from ..core.tree import Tree, attention_mask, positions
 
 
 def timed(fn, device, clock=None):
@@ -23,15 +24,20 @@ def timed(fn, device, clock=None):
 
 
 def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), repeats: int = 9,
-                    vocab_size: int | None = None, batch_size: int = 1, clock=None) -> dict:
+                    vocab_size: int | None = None, batch_size: int = 1, clock=None, tree: bool = False) -> dict:
     """Median wall time of one forward over k new tokens (per row, ``batch_size`` rows) on a warm KV cache of
     ``context_len`` tokens, for each k: {k: seconds}. The cache is rolled back after each timed forward, so
     every repeat sees the same state. Each k gets one untimed warm-up forward, then ``repeats`` timed ones.
-    ``clock``: a function returning seconds (default: the device's clock, CUDA synchronized)."""
+    ``clock``: a function returning seconds (default: the device's clock, CUDA synchronized). ``tree`` (batch 1):
+    every k > 1 runs as a token tree's verification does (``feed_tree``, a chain of k tokens under the tree mask),
+    which on a compiled static cache pads its rows to a ``TREE_ROWS`` budget; k = 1 stays a decode step."""
     if repeats < 1 or context_len < 1 or batch_size < 1:
         raise ValueError(f"need repeats, context_len and batch_size >= 1, got {repeats}, {context_len}, {batch_size}")
     if not new_tokens or min(new_tokens) < 1:
         raise ValueError(f"new_tokens must be a non-empty list of counts >= 1, got {new_tokens}")
+    if tree and batch_size != 1:
+        raise ValueError(f"tree forwards run one prompt at a time: batch_size must be 1 with tree=True, got "
+                         f"{batch_size}")
 
     lm = HFCausalLM(model, vocab_size=vocab_size)
     device = lm.device
@@ -43,14 +49,25 @@ def forward_seconds(model, context_len: int = 64, new_tokens=(1, 2, 3, 5, 9), re
     out = {}
     for k in new_tokens:
         tokens = torch.randint(0, lm.vocab_size, (batch_size, k), generator=g).to(device)
+        feed = chain_tree_feed(lm, tokens, context_len) if tree and k > 1 else (lambda: lm.feed(tokens))
         times = []
         for r in range(repeats + 1):  # the first is a warm-up
-            _, seconds = timed(lambda: lm.feed(tokens), device, clock)
+            _, seconds = timed(feed, device, clock)
             lm.crop(keep)
             if r:
                 times.append(seconds)
         out[k] = statistics.median(times)
     return out
+
+
+def chain_tree_feed(lm: HFCausalLM, tokens: torch.Tensor, cached: int):
+    """A call feeding ``tokens`` (1, k) after ``cached`` tokens as one tree forward: the first is the root, the
+    others a chain of nodes under it (mask and positions of ``core.tree``)."""
+    k = tokens.shape[1]
+    chain = Tree(tokens[0].cpu(), torch.arange(-1, k - 1))
+    mask = attention_mask(chain, cached, 1, lm.model.dtype, tokens.device)
+    position_ids = positions(chain, cached, 1, tokens.device)
+    return lambda: lm.feed_tree(tokens, mask, position_ids)
 
 
 def relative_to_one_token(target_seconds: dict) -> dict:
