@@ -110,6 +110,19 @@ def test_shape_errors_are_clear():
         sd.verify(torch.zeros(1, 2, dtype=torch.long), None, torch.rand(1, 2, 4).softmax(-1))
     with pytest.raises(ValueError, match="q must be"):
         sd.verify(torch.zeros(1, 2, dtype=torch.long), torch.rand(1, 3, 4), torch.rand(1, 3, 4))
+    with pytest.raises(ValueError, match="draft_tokens must be an integer tensor"):
+        sd.verify(torch.zeros(1, 2), None, torch.rand(1, 3, 4).softmax(-1))  # float "token ids"
+
+
+def test_greedy_verification_refuses_what_it_would_broadcast():
+    """One row of argmaxes for a batch of 3 drafts would compare by broadcasting and answer for every row from
+    the first row's choices: refused, as are argmaxes one position short, floats and a 1-D draft."""
+    drafts = torch.tensor([[3, 4, 5], [3, 9, 5], [1, 2, 3]])
+    for argmax in (torch.tensor([[3, 4, 5, 6]]), torch.tensor([[3, 4, 5]] * 3), torch.zeros(3, 4)):
+        with pytest.raises(ValueError, match="target_argmax must be an integer tensor \\(B, gamma\\+1\\) = \\(3, 4\\)"):
+            sd.verify_greedy(drafts, argmax)
+    with pytest.raises(ValueError, match="draft_tokens must be an integer tensor \\(B, gamma\\)"):
+        sd.verify_greedy(torch.tensor([3, 4, 5]), torch.tensor([[3, 4, 5, 6]]))
 
 
 def test_verify_handles_large_batches_in_one_call():

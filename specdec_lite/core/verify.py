@@ -8,9 +8,8 @@ token drawn from the residual norm((p_i - q_i)+) and the round ends. If all gamm
 is drawn from p_{gamma+1}. Summed over both branches, every emitted token is distributed exactly as p.
 
 Point-mass drafts (n-gram lookup) pass ``q=None``: q_i is the one-hot of x_i, so the acceptance probability is
-p_i(x_i) and the residual is p_i with x_i removed.
-
-Everything is vectorized over the batch B and the vocabulary V; the generator is explicit.
+p_i(x_i) and the residual is p_i with x_i removed. Everything is vectorized over the batch B and the vocabulary
+V; the generator is explicit.
 
 The two pieces of the rule, the acceptance probability and the residual, travel together as a ``Rule``; every
 verifier and exact law takes one (the exact ``EXACT_RULE`` by default), so the mutation tests can hand in a broken
@@ -74,9 +73,17 @@ def _draft_row_at(draft_tokens: torch.Tensor, q: torch.Tensor | None, index: tor
     return row * inside.unsqueeze(-1)
 
 
+def check_tokens(name: str, tokens, shape: tuple | None = None) -> None:
+    """Refuse ``tokens`` unless an integer 2-D tensor, of ``shape`` where given; host-side, no device read."""
+    ok = isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and not tokens.is_floating_point()
+    if not ok or (shape is not None and tuple(tokens.shape) != shape):
+        got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        want = "(B, gamma)" if shape is None else f"(B, gamma+1) = {shape}"
+        raise ValueError(f"{name} must be an integer tensor {want} of token ids, got {got}")
+
+
 def check_shapes(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor) -> None:
-    if draft_tokens.dim() != 2:
-        raise ValueError(f"draft_tokens must be (B, gamma), got shape {tuple(draft_tokens.shape)}")
+    check_tokens("draft_tokens", draft_tokens)
     B, gamma = draft_tokens.shape
     if p.dim() != 3 or p.shape[0] != B or p.shape[1] != gamma + 1:
         raise ValueError(f"p must be (B, gamma+1, V) = ({B}, {gamma + 1}, V), got {tuple(p.shape)}")
@@ -121,9 +128,11 @@ def verify(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
 def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy verification: accept while the draft equals the target's argmax; then emit the target's argmax.
 
-    draft_tokens (B, gamma); target_argmax (B, gamma+1). Same return convention as ``verify``.
+    draft_tokens (B, gamma); target_argmax (B, gamma+1), else refused. Same return convention as ``verify``.
     """
+    check_tokens("draft_tokens", draft_tokens)
     B, gamma = draft_tokens.shape
+    check_tokens("target_argmax", target_argmax, (B, gamma + 1))
     match = draft_tokens == target_argmax[:, :gamma]
     num_accepted = match.long().cumprod(dim=1).sum(dim=1)
     next_token = target_argmax[torch.arange(B, device=draft_tokens.device), num_accepted]
