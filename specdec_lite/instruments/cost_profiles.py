@@ -6,7 +6,8 @@ A profile is keyed by everything that changes what it measures: the processor (t
 device's name), torch's thread count, the device type, the dtype, the torch version, whether the linear layers run
 packed (``tuning.packed_linear``) or on 4-bit blocks (``tuning.int4``), the KV cache (dynamic, or static with its
 length and compilation), the model's class, size and attention implementation, and whatever the caller adds (the
-draft's shape, its settings, how many timings). The file's name holds a digest of the key and the file the key itself, which must match on reading.
+draft's shape, its settings, how many timings). The file's name holds a digest of the key and the file the key
+itself, which must match on reading.
 
 To measure again: delete the file (or the whole folder), or pass ``remeasure=True`` where the caller offers it
 (``drafts.trees.measured_dynamic_tree``). A file that cannot be read, or one written in another ``FORMAT``, is
