@@ -46,10 +46,16 @@ browser:
 # notebooks run in smoke mode under nbval: SPECDEC_SMOKE=1 switches each one's `smoke` parameter on
 # both write into the checkout's scratch cache (out/test-cache), never the user's cache folder
 TEST_CACHE := $(CURDIR)/out/test-cache
+# the tests run in TEST_WORKERS processes (pytest-xdist), each on its share of the cores, and each notebook's cells
+# in order in one of them (--dist loadfile)
+TEST_WORKERS ?= 2
+TEST_THREADS := $(shell n=$$(nproc); echo $$(( n > $(TEST_WORKERS) ? n / $(TEST_WORKERS) : 1 )))
+TEST_RUN := SPECDEC_LITE_CACHE=$(TEST_CACHE) OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -p no:cacheprovider \
+	-n $(TEST_WORKERS)
 test: setup browser
-	SPECDEC_LITE_CACHE=$(TEST_CACHE) $(BIN)/python -m pytest tests -q -p no:cacheprovider
+	$(TEST_RUN) tests
 ifneq ($(NOTEBOOKS),)
-	SPECDEC_LITE_CACHE=$(TEST_CACHE) SPECDEC_SMOKE=1 $(BIN)/python -m pytest --nbval-lax $(NOTEBOOKS) -q -p no:cacheprovider
+	SPECDEC_SMOKE=1 $(TEST_RUN) --dist loadfile --nbval-lax $(NOTEBOOKS)
 endif
 
 # retrain the drafts and heads from the target-made text (restored first from the repository's history into the

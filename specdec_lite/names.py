@@ -80,9 +80,12 @@ def embedded_target_path() -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".converting-"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if out.exists():
+    if out.exists() and not _has_conversion():
         shutil.rmtree(out)
-    tmp.rename(out)  # atomic: a half-written cache is never used
+    try:
+        tmp.rename(out)  # atomic: a half-written cache is never used
+    except OSError:  # another process (a second notebook, a test worker) converted it meanwhile: its copy serves
+        shutil.rmtree(tmp)
     print(f"specdec_lite: converted in {time.perf_counter() - started:.0f} s", flush=True)
     return out
 

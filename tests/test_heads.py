@@ -8,6 +8,7 @@ tolerance is 1e-6 (float32 rounding of p and q; a broken verifier moves the law 
 A second test holds the live drafter (KV cache, rollbacks, features handed over by the loop) to that reference
 at every round of real generations, so the enumerated law is the law of the loop that runs.
 """
+import copy
 import dataclasses
 import json
 
@@ -50,26 +51,64 @@ def random_head_draft(target, kind, sub_vocab=None, num_heads=3, seed=1):
 
 
 @pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="this torch has no oneDNN")
-def test_a_head_runs_packed_beside_a_packed_or_compiled_target_and_as_loaded_beside_an_unpacked_one():
+def test_a_head_runs_packed_beside_a_packed_target_compiled_beside_a_compiled_one_and_as_loaded_beside_others():
     """A head's linear layers and its output layer run on packed weights beside a target whose linear layers run
-    packed, and beside one whose forwards run compiled (the head stays eager); beside a target as transformers
-    loads it they stay ``nn.Linear``, as that target's do. The output layer's logits agree either way (to
-    rounding)."""
-    def packed_parts(target):
-        draft = random_head_draft(target, "eagle", seed=3)
-        return {type(m).__name__ for m in draft.head.modules() if "Linear" in type(m).__name__}, draft
+    packed; beside one whose forwards run compiled, the EAGLE head's forwards run compiled (the compiler packs its
+    weights) and its output layer packed; beside a target as transformers loads it they stay ``nn.Linear``, as that
+    target's do. The output layer's logits agree either way (to rounding)."""
+    def linear_kinds(draft):
+        return {type(m).__name__ for m in draft.head.modules() if "Linear" in type(m).__name__}
 
-    as_loaded, draft = packed_parts(tiny_llama(vocab=48, layers=2, seed=4))
-    assert as_loaded == {"Linear"} and type(draft.output.product).__name__ == "Linear"
+    draft = random_head_draft(tiny_llama(vocab=48, layers=2, seed=4), "eagle", seed=3)
+    assert linear_kinds(draft) == {"Linear"} and type(draft.output.product).__name__ == "Linear"
+    assert draft.head.compiled is None
     packed_target = tiny_llama(vocab=48, layers=2, seed=4)
     pack_linears(packed_target)
+    packed = random_head_draft(packed_target, "eagle", seed=3)
+    assert linear_kinds(packed) == {"PackedLinear"} and type(packed.output.product).__name__ == "PackedLinear"
+    assert packed.head.compiled is None
     compiled_target = use_static_cache(tiny_llama(vocab=48, layers=2, seed=4), max_length=64, compile=True)
-    for target in (packed_target, compiled_target):
-        kinds, packed_draft = packed_parts(target)
-        assert kinds == {"PackedLinear"} and type(packed_draft.output.product).__name__ == "PackedLinear"
+    compiled = random_head_draft(compiled_target, "eagle", seed=3)
+    assert linear_kinds(compiled) == {"Linear"} and type(compiled.output.product).__name__ == "PackedLinear"
+    assert compiled.head.compiled is not None
     x = torch.randn(1, 3, draft.cfg.hidden_size)
     with torch.inference_mode():
-        assert torch.allclose(packed_draft.output.logits(x), draft.output.logits(x), atol=1e-4)
+        for other in (packed, compiled):
+            assert torch.allclose(other.output.logits(x), draft.output.logits(x), atol=1e-4)
+
+
+def test_a_compiled_head_predicts_and_caches_what_the_eager_head_does():
+    """``EagleHead.compile_step``: a catch-up of several entries on an empty cache, drafting steps of one token,
+    a tree level of three tokens under its own mask, and steps after a rollback (a crop), in two batch rows: the
+    compiled head's predictions and cache entries are the eager head's, to float32 rounding."""
+    target = tiny_llama(vocab=64, seed=0)
+    eager = random_head_draft(target, "eagle-deep").head.float()
+    compiled = copy.deepcopy(eager)
+    compiled.compile_step(torch.device("cpu"))
+    H = target.config.hidden_size
+    torch.manual_seed(0)
+    features, embeddings = torch.randn(2, 16, H), torch.randn(2, 16, H)
+    caches = [eager.new_cache(), compiled.new_cache()]
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    feeds = [(slice(0, 5), None), (slice(5, 6), None), (slice(6, 7), None), (slice(7, 10), "tree"), ("crop", 6),
+             (slice(6, 7), None), (slice(7, 9), None)]
+    with torch.inference_mode():
+        for at, how in feeds:
+            if at == "crop":
+                for cache in caches:
+                    cache.crop(how)
+                continue
+            positions = torch.arange(at.start, at.stop)
+            allowed = None
+            if how == "tree":
+                allowed = torch.cat([torch.ones(3, caches[0].length, dtype=torch.bool), tree], dim=1)
+                positions = torch.full((3,), at.start)
+            out = [head(features[:, at], embeddings[:, at], positions, cache, allowed)
+                   for head, cache in zip((eager, compiled), caches)]
+            torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
+            for ours, theirs in zip(caches[1].layers, caches[0].layers):
+                assert ours.length == theirs.length
+                torch.testing.assert_close(ours.k, theirs.k, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", DRAFT_KINDS)
@@ -245,13 +284,21 @@ def test_the_heads_rotary_embedding_is_the_llama_targets(dtype):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
-def test_kv_cache_crop_and_append():
-    cache = heads.KVCache()
-    k = torch.randn(1, 2, 5, 4)
-    cache.append(k, k + 1)
-    cache.crop(3)
-    k2, v2 = cache.append(k[:, :, :1], k[:, :, :1] + 1)
-    assert cache.length == 4 and torch.equal(k2[:, :, :3], k[:, :, :3]) and torch.equal(k2[:, :, 3], k[:, :, 0])
+def test_a_cropped_head_cache_continues_as_the_uncached_head():
+    """A head fed 5 entries, cropped back to 3, then fed positions 3 and 4 again predicts what the head without a
+    cache predicts there: the crop drops exactly the entries past its length."""
+    target = tiny_llama(vocab=64, seed=0)
+    head = random_head_draft(target, "eagle-deep").head.float()
+    torch.manual_seed(0)
+    features, embeddings = torch.randn(2, 5, target.config.hidden_size), torch.randn(2, 5, target.config.hidden_size)
+    with torch.inference_mode():
+        cache = head.new_cache()
+        head(features[:, :3], embeddings[:, :3], torch.arange(3), cache)
+        head(features[:, 3:] + 1, embeddings[:, 3:], torch.arange(3, 5), cache)  # entries 3, 4 of other features
+        cache.crop(3)
+        assert [c.length for c in cache.layers] == [3, 3]
+        again = head(features[:, 3:], embeddings[:, 3:], torch.arange(3, 5), cache)
+        torch.testing.assert_close(again, head(features, embeddings, torch.arange(5))[:, 3:], rtol=1e-5, atol=1e-5)
 
 
 def test_heads_refuse_another_target_and_toy_targets():

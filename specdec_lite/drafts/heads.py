@@ -43,6 +43,7 @@ from ..core.drafter import Drafter, draw
 from ..core.lm import selected_hidden, static_state, usable_vocab_size
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 from ..core.slots import Slots, gathered
+from ..tuning.compiled import CompiledForward, CompileLog
 from ..tuning.packed_linear import can_pack, has_packed_linears, linear_on, pack_linears
 from ..paths import HEAD_CONFIG, is_head_dir
 from .fingerprint import same_weights, weights_fingerprint, weights_probe
@@ -93,7 +94,8 @@ class RMSNorm(nn.Module):
 
 
 class KVCache:
-    """Keys and values (B, heads, T, d) of one attention layer; rolled back by slicing."""
+    """Keys and values (B, heads, T, d) of one attention layer; a forward replaces them with longer ones
+    (``EagleHead.forward``), a rollback slices them."""
 
     def __init__(self):
         self.k = self.v = None
@@ -101,11 +103,6 @@ class KVCache:
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
-
-    def append(self, k, v):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
 
     def crop(self, length: int) -> None:
         if self.k is not None:
@@ -212,18 +209,18 @@ class DecoderLayer(nn.Module):
         """The rotary tables (``rotary_tables``) of this layer's heads at ``positions`` (n,)."""
         return rotary_tables(positions, self.qkv.in_features // self.heads, self.theta, dtype)
 
-    def forward(self, x, rotary: tuple, cache: KVCache | None = None, allowed: torch.Tensor | None = None):
-        """x (B, n, H) at the positions the tables ``rotary`` were made for; with a cache, the new entries are
-        appended and new token j sees the cache and the new tokens up to itself, or what ``allowed`` (n, cache
-        length after appending; or (B, 1, n, that length), one mask per row: ``MaskedHeadCache.admit``) says."""
+    def forward(self, x, rotary: tuple):
+        """x (B, n, H) at the positions the tables ``rotary`` were made for, each token seeing those before it."""
         q, k, v = self.project(x, rotary)
-        if cache is None:
-            return self.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        k, v = cache.append(k, v)
-        T, n = k.shape[2], x.shape[1]
-        if allowed is None:
-            allowed = torch.arange(T, device=x.device)[None, :] <= (T - n + torch.arange(n, device=x.device))[:, None]
-        return self.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+        return self.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    def attend(self, x, rotary: tuple, keys, values, allowed):
+        """``forward`` after earlier entries: (output, keys, values), the entries' keys and values (B, heads, T, d)
+        with x's appended; new token j sees the keys ``allowed`` (n, T + n; or (B, 1, n, T + n), one mask per
+        row) says."""
+        q, k, v = self.project(x, rotary)
+        keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
+        return self.finish(x, F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)), keys, values
 
     def project(self, x, rotary: tuple):
         """Queries, keys and values (B, heads, n, d) of x (B, n, H), rotated to their positions (``rotary``)."""
@@ -254,6 +251,7 @@ class EagleHead(nn.Module):
     def __init__(self, cfg: HeadConfig):
         super().__init__()
         H = cfg.hidden_size
+        self.compiled = None  # ``step`` compiled (``compile_step``), or None: it runs eagerly
         self.fuse = nn.Linear(2 * H, H)
         self.layer = DecoderLayer(H, cfg.num_attention_heads, cfg.intermediate_size, cfg.rope_theta)
         self.deeper = nn.ModuleList(
@@ -268,12 +266,49 @@ class EagleHead(nn.Module):
         return HeadCache(len(self.layers))
 
     def forward(self, features, token_embeddings, positions, cache: HeadCache | None = None, allowed=None):
+        """The predicted features (B, n, H) of (features, token embeddings) (B, n, H) at ``positions`` (n,) or
+        (B, n). Without a cache each token sees those before it; with one, the new entries join it and new token
+        j sees its entries and the new tokens up to itself, or what ``allowed`` says (``DecoderLayer.attend``)."""
+        if cache is None:
+            x = self.inputs(features, token_embeddings)
+            rotary = self.layer.rotary(positions, x.dtype)  # every layer has the same heads
+            for layer in self.layers:
+                x = layer(x, rotary)
+            return self.prediction(x)
+        B, n, H = features.shape
+        if allowed is None:
+            T = cache.length + n
+            allowed = torch.arange(T, device=features.device) <= torch.arange(T - n, T, device=features.device)[:, None]
+        empty = features.new_empty(B, self.layer.heads, 0, H // self.layer.heads)
+        past = [(empty, empty) if c.k is None else (c.k, c.v) for c in cache.layers]
+        inputs = dict(features=features, token_embeddings=token_embeddings, positions=positions, past=past,
+                      allowed=allowed)
+        if self.compiled is None:
+            prediction, entries = self.step(**inputs)
+        else:  # sizes 0 and 1 and the positions' rank get graphs of their own: each is announced once
+            kind = (B, min(n, 2), min(cache.length, 2), positions.dim())
+            prediction, entries = self.compile_log.call(self.compiled, kind, f"{B} row(s), {kind[1:]}", **inputs)
+        for layer_cache, (keys, values) in zip(cache.layers, entries):
+            layer_cache.k, layer_cache.v = keys, values
+        return prediction
+
+    def step(self, features, token_embeddings, positions, past: list, allowed):
+        """``forward`` with a cache, as a function of tensors: (prediction, [(keys, values)] per layer, the
+        cache's ``past`` entries with the new ones appended). Compiled by ``compile_step``."""
         x = self.inputs(features, token_embeddings)
-        caches = cache.layers if cache is not None else [None] * len(self.layers)
-        rotary = self.layer.rotary(positions, x.dtype)  # every layer has the same heads
-        for layer, layer_cache in zip(self.layers, caches):
-            x = layer(x, rotary, layer_cache, allowed)
-        return self.prediction(x)
+        rotary = self.layer.rotary(positions, x.dtype)
+        entries = []
+        for layer, (keys, values) in zip(self.layers, past):
+            x, keys, values = layer.attend(x, rotary, keys, values, allowed)
+            entries.append((keys, values))
+        return self.prediction(x), entries
+
+    def compile_step(self, device: torch.device) -> None:
+        """Run ``step`` compiled as ``device``'s fast path (``tuning.compiled``), its sizes dynamic: the cache grows
+        by a slot per drafted token and a catch-up or a tree level feeds a varying number, which a fixed-shape
+        graph would compile again for each."""
+        self.compiled = CompiledForward(self.step, device, dynamic=True)
+        self.compile_log = CompileLog("the EAGLE head")
 
     def inputs(self, features, token_embeddings):
         return self.fuse(torch.cat([features, token_embeddings.to(features.dtype)], dim=-1))
@@ -369,12 +404,20 @@ def build_head(cfg: HeadConfig) -> nn.Module:
 # ------------------------------------------------------------------------------------------- output layer
 
 
+def compiles_head(target: nn.Module) -> bool:
+    """Whether an EAGLE head beside ``target`` runs its forwards compiled (``EagleHead.compile_step``): beside a
+    target whose forwards run compiled on a CPU. On CUDA the target's compiled forwards replay CUDA graphs of fixed
+    shapes, and the head's shapes change at every step: it runs eagerly there."""
+    state = static_state(target)
+    return state is not None and state.compile and target.get_output_embeddings().weight.device.type == "cpu"
+
+
 def packs_head(target: nn.Module) -> bool:
-    """Whether a head beside ``target`` runs its linear layers and its output layer on oneDNN-packed weights
-    (``tuning.packed_linear``): where the target's run packed, and beside a target whose forwards run compiled
-    (the compiler packs the target's weights itself, while the head runs eagerly, one small forward at a time),
-    on a device and dtype that ``can_pack``. A target loaded as transformers loads it (``packed_linears=False``)
-    or made batch-invariant keeps its head as transformers would run it too."""
+    """Whether a head beside ``target`` runs its output layer, and its linear layers where it is not compiled
+    (``compiles_head``), on oneDNN-packed weights (``tuning.packed_linear``): where the target's run packed, and
+    beside a target whose forwards run compiled (the compiler packs the target's weights itself, while the output
+    layer runs eagerly), on a device and dtype that ``can_pack``. A target loaded as transformers loads it
+    (``packed_linears=False``) or made batch-invariant keeps its head as transformers would run it too."""
     weight = target.get_output_embeddings().weight
     state = static_state(target)
     compiled = state is not None and state.compile
@@ -433,7 +476,9 @@ class FeatureDraft(Drafter):
         check_head_target(cfg, target)
         self.cfg = cfg
         self.head = head.to(device=target.device, dtype=target.dtype).eval()
-        if packs_head(target):
+        if compiles_head(target) and isinstance(self.head, EagleHead):
+            self.head.compile_step(target.device)
+        elif packs_head(target):
             pack_linears(self.head)
         self.vocab_size = cfg.vocab_size
         self.output = OutputLayer(target, cfg.vocab_size, vocab_ids)

@@ -42,14 +42,15 @@ _adjusted = False
 
 
 class CompiledForward:
-    """``model``'s forward compiled as the fast path of ``device`` (the module's text), shapes fixed. The
-    settings are inductor's configuration while this forward runs, not the process's: torch decides whether to
-    freeze while it traces a call, and other compiled code in the process keeps its own settings."""
+    """``model``'s forward (or any function of tensors) compiled as the fast path of ``device`` (the module's
+    text), shapes fixed unless ``dynamic``. The settings are inductor's configuration while this forward runs, not
+    the process's: torch decides whether to freeze while it traces a call, and other compiled code in the process
+    keeps its own settings."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device):
+    def __init__(self, model, device: torch.device, dynamic: bool = False):
         keep_graphs_on_disk()
         cuda = device.type == "cuda"
-        self.forward = torch.compile(model, mode="reduce-overhead" if cuda else None, dynamic=False)
+        self.forward = torch.compile(model, mode="reduce-overhead" if cuda else None, dynamic=dynamic)
         self.settings = CPU_SETTINGS if device.type == "cpu" else {}
 
     def __call__(self, **inputs):
