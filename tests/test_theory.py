@@ -33,6 +33,16 @@ def test_speedup_and_best_gamma():
     brute = max(range(1, 17), key=lambda g: theory.expected_tokens(0.8, g) / (g * 0.1 + 1))
     assert theory.best_gamma(0.8, 0.1) == brute == 6
     assert theory.best_gamma(0.8, 0.1, v=lambda g: 1 + 0.2 * g) < 6  # a verification cost growing with gamma
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_gamma=0), dict(max_gamma=2.5), dict(max_gamma=True),
+                                    dict(alpha=np.array([0.5, 0.8])), dict(c=[0.1, 0.2]), dict(v=np.ones(3))])
+def test_best_gamma_refuses_what_it_cannot_search(kwargs):
+    """An array of alphas used to be searched as one flat list (a meaningless gamma, silently); a max_gamma
+    below 1 or not an integer fails inside numpy or range."""
+    args = dict(alpha=0.8, c=0.1) | kwargs
+    with pytest.raises(ValueError, match="max_gamma must be an integer|one alpha, one c and one v"):
+        theory.best_gamma(**args)
     with pytest.raises(ValueError):
         theory.speedup(0.5, 3, -0.1)
 

@@ -37,7 +37,13 @@ def speedup(alpha, gamma: int, c, v=1.0):
 
 def best_gamma(alpha: float, c: float, v=1.0, max_gamma: int = 16) -> int:
     """The gamma in 1..max_gamma with the largest expected speedup. ``v`` may be a number or a function of
-    gamma (measured verification cost)."""
+    gamma (measured verification cost). One (alpha, c) pair at a time: an array would be searched as one flat
+    list and give a meaningless index."""
+    if isinstance(max_gamma, bool) or not isinstance(max_gamma, (int, np.integer)) or max_gamma < 1:
+        raise ValueError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
+    if np.ndim(alpha) or np.ndim(c) or (not callable(v) and np.ndim(v)):
+        raise ValueError("best_gamma takes one alpha, one c and one v (a number or a function of gamma); for "
+                         "several, call it once per value")
     cost = v if callable(v) else (lambda g: v)
     speeds = [speedup(alpha, g, c, cost(g)) for g in range(1, max_gamma + 1)]
     return int(np.argmax(speeds)) + 1
