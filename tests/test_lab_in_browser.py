@@ -1,8 +1,10 @@
 """JupyterLab as a user meets it, in a real browser: `make lab`'s own command (as root it adds --allow-root)
 serves the repository root; headless Chromium, driven by selenium, opens every notebook and finds the kernel
 the notebooks name, their figures drawn, no error or stderr output and no modified mark; then it runs a smoke
-notebook to its end through the menus. Screenshots go to out/browser/. Where no browser can be installed,
+notebook to its end through the menus, some of its cells run again after the end (as a reader does), which
+leave its claims those of one clean run. Screenshots go to out/browser/. Where no browser can be installed,
 this fails saying what to install: it never skips."""
+import copy
 import hashlib
 import json
 import os
@@ -24,6 +26,7 @@ ROOT = paths.repo_root()
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 SHOTS = ROOT / "out" / "browser"
 SMOKE_NOTEBOOK = "01_unbiasedness"
+SHOW_CSV = "print(open(run.results / 'claims_01_unbiasedness.csv').read())"  # its claims, as its CSV holds them
 TOKEN = "specdec-lite-browser-test"
 LAB_SETTINGS = {  # the test's own JupyterLab settings: every cell in the page, nothing saved behind its back
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
@@ -213,19 +216,29 @@ def test_every_notebook_opens_as_it_was_saved(lab, browser, path):
     assert state["modified"] is False, f"{path.name} shows as modified right after opening"
 
 
-def test_a_smoke_notebook_runs_to_its_end_through_the_menus(lab, browser):
+def test_a_smoke_notebook_runs_to_its_end_through_the_menus_and_cells_run_again_keep_its_claims(lab, browser):
     """The smoke notebook, outputs cleared, copied under out/browser/ (nothing tracked is touched) and run with
-    Run > Run All Cells; screenshots of its top and of its end."""
+    Run > Run All Cells; screenshots of its top and of its end. After its own cells, the copy shows its claims'
+    CSV, runs again the set-up cell, a claim cell twice, another claim cell and the last cell, and shows the CSV
+    again: a claim cell run again replaces its row (one row per check, the last one wins) and the set-up cell run
+    again keeps the rows, so the CSV is the clean run's."""
     from selenium.webdriver.common.by import By
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(ROOT / "notebooks" / f"{SMOKE_NOTEBOOK}.ipynb", as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    copy = SHOTS / f"{SMOKE_NOTEBOOK}.ipynb"
-    copy.write_text(sweep.jupyterlab_form(nbformat.writes(nb)))
-    open_in_lab(browser, lab, copy.relative_to(ROOT).as_posix())
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for cell in code:
+        cell.outputs, cell.execution_count = [], None
+    again = [cell_with(code, "run = setup("), cell_with(code, "c4_round_bounds"), cell_with(code, "c17_truncation"),
+             cell_with(code, "c4_round_bounds"), code[-1]]
+    show = nbformat.v4.new_code_cell(SHOW_CSV)
+    repeated = [copy.deepcopy(cell) for cell in [*again, show]]
+    for i, cell in enumerate(repeated):
+        cell.id = f"run-again-{i}"  # a copy's id is its original's, which a notebook may not hold twice
+    nb.cells += [show, *repeated]
+    path = SHOTS / f"{SMOKE_NOTEBOOK}.ipynb"
+    path.write_text(sweep.jupyterlab_form(nbformat.writes(nb)))
+    open_in_lab(browser, lab, path.relative_to(ROOT).as_posix())
     browser.save_screenshot(str(SHOTS / f"{SMOKE_NOTEBOOK}_top.png"))
     start = time.monotonic()
     click_menu(browser, "Run", "runmenu:run-all")
@@ -239,16 +252,28 @@ def test_a_smoke_notebook_runs_to_its_end_through_the_menus(lab, browser):
 
     state = wait_for(finished, 600, f"{SMOKE_NOTEBOOK} to run to its end")
     seconds = time.monotonic() - start
-    last = browser.find_elements(By.CSS_SELECTOR, f"{CURRENT} .jp-CodeCell")[-1]
+    cells = browser.find_elements(By.CSS_SELECTOR, f"{CURRENT} .jp-CodeCell")
+    last = cells[len(code) - 1]  # the notebook's own last cell
     browser.execute_script("arguments[0].scrollIntoView(false);", last)
     time.sleep(1)
     browser.save_screenshot(str(SHOTS / f"{SMOKE_NOTEBOOK}_smoke_end.png"))
+    outputs = [cell.find_element(By.CSS_SELECTOR, ".jp-OutputArea").text for cell in cells]
     shut_down_kernels(lab)
     print(f"{SMOKE_NOTEBOOK} ran in smoke mode through the menus in {seconds:.0f} s; screenshots in "
           f"{SHOTS.relative_to(ROOT)}/")
     assert "C22" in last.text and "C1" in last.text and state["drawn"] == state["images"] > 0, last.text
     assert not state["widgets"], "progress shown as widgets: a saved notebook would show placeholders"
     assert "smoke: True (SPECDEC_SMOKE=1)" in browser.find_element(By.CSS_SELECTOR, CURRENT).text
+    clean, rerun = outputs[len(code)], outputs[-1]
+    assert rerun == clean, (clean, rerun)
+    rows = [line.split(",")[:2] for line in clean.strip().splitlines()[1:]]
+    assert [claim for claim, _ in rows] == ["C1", "C2", "C3", "C4", "C16", "C17", "C22", "C1"], clean
+    assert "C4" in outputs[-2]  # the last cell, run again, shows the claims
+
+
+def cell_with(cells, text: str):
+    [found] = [c for c in cells if text in c.source]
+    return found
 
 
 def click_menu(browser, menu: str, command: str) -> None:
