@@ -408,8 +408,13 @@ def compiles_head(target: nn.Module) -> bool:
     """Whether an EAGLE head beside ``target`` runs its forwards compiled (``EagleHead.compile_step``): beside a
     target whose forwards run compiled on a CPU. On CUDA the target's compiled forwards replay CUDA graphs of fixed
     shapes, and the head's shapes change at every step: it runs eagerly there."""
+    return runs_compiled(target) and target.get_output_embeddings().weight.device.type == "cpu"
+
+
+def runs_compiled(target: nn.Module) -> bool:
+    """Whether ``target``'s forwards run compiled (``load_model(..., cache="static", compile=True)``)."""
     state = static_state(target)
-    return state is not None and state.compile and target.get_output_embeddings().weight.device.type == "cpu"
+    return state is not None and state.compile
 
 
 def packs_head(target: nn.Module) -> bool:
@@ -419,9 +424,7 @@ def packs_head(target: nn.Module) -> bool:
     layer runs eagerly), on a device and dtype that ``can_pack``. A target loaded as transformers loads it
     (``packed_linears=False``) or made batch-invariant keeps its head as transformers would run it too."""
     weight = target.get_output_embeddings().weight
-    state = static_state(target)
-    compiled = state is not None and state.compile
-    return has_packed_linears(target) or (compiled and can_pack(weight.device, weight.dtype))
+    return has_packed_linears(target) or (runs_compiled(target) and can_pack(weight.device, weight.dtype))
 
 
 class OutputLayer:
