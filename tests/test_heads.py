@@ -109,6 +109,7 @@ def test_a_compiled_head_predicts_and_caches_what_the_eager_head_does():
             for ours, theirs in zip(caches[1].layers, caches[0].layers):
                 assert ours.length == theirs.length
                 torch.testing.assert_close(ours.k, theirs.k, rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(ours.v, theirs.v, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", DRAFT_KINDS)

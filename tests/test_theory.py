@@ -39,7 +39,7 @@ def test_speedup_and_best_gamma():
                                     dict(alpha=np.array([0.5, 0.8])), dict(c=[0.1, 0.2]), dict(v=np.ones(3))])
 def test_best_gamma_refuses_what_it_cannot_search(kwargs):
     """An array of alphas used to be searched as one flat list (a meaningless gamma, silently); a max_gamma
-    below 1 or not an integer fails inside numpy or range."""
+    below 1 or not an integer used to fail inside numpy or range, with a message that did not name it."""
     args = dict(alpha=0.8, c=0.1) | kwargs
     with pytest.raises(ValueError, match="max_gamma must be an integer|one alpha, one c and one v"):
         theory.best_gamma(**args)
