@@ -530,7 +530,7 @@ def test_sigterm_drains_running_streams_refuses_new_requests_and_exits(local_pai
                 for line in response.iter_lines():
                     if line:
                         streams[i].append(line.removeprefix("data: "))
-                    if len(streams[0]) >= 2:  # the role, then the first text
+                    if all(streams) and max(map(len, streams)) >= 2:  # both admitted, one of them decoding
                         streaming.set()
 
         readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
