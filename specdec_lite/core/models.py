@@ -63,7 +63,7 @@ def load_model(name_or_path: str, device: str | torch.device = "auto", dtype: st
     dtype = resolve_dtype(dtype, devices[0])
     if packed_linears:
         check_packable(device, dtype, device_map, batch_invariant)
-    gguf = int4_source(name_or_path, device, dtype, device_map, compile, batch_invariant) if int4 else None
+    gguf = int4_source(name_or_path, device, dtype, device_map, batch_invariant) if int4 else None
     path = resolve_name(name_or_path)
     if is_head_dir(path):
         raise ValueError(f"{name_or_path} is a feature-level head, not a model: it runs on a target's hidden "

@@ -5,7 +5,8 @@
                                        [--skip-per-task 5]  (prompts outside 03's benchmark)
                                        [--no-batch-invariant]  (only the models as they load)
                                        [--static]  (also each native dtype on the static cache)
-                                       [--compiled]  (also each native dtype on the static cache, compiled)
+                                       [--compiled]  (also each native dtype and the 4-bit target on the static
+                                                      cache, compiled)
                                        [--llama-cpp]  (also llama.cpp's plain decoding of the embedded GGUF)
 
 Configurations: the target loaded as it is in float32 and in each half precision the device runs
@@ -62,7 +63,8 @@ def configurations(name: str, device, batch_invariant: bool = True, static: bool
     where this CPU's kernels do not allow it), and (``static``) each native dtype on the static cache
     (``load_model(cache="static")``, label ending in ``STATIC``), and (``compiled``) each native dtype on the
     static cache compiled (``COMPILED_CACHE`` tokens, label ending in ``COMPILED``). The baseline, the fastest plain
-    decoding, is among the plain configurations (ours on the static cache, compiled or not, too), so leaving the
+    decoding, is among the plain configurations (ours on the static cache, compiled or not, too; the 4-bit target
+    compiled too, with ``compiled``), so leaving the
     others out only leaves out rows."""
     out, native = {}, native_dtypes(device)
     for config in baseline.plain_configurations(device, name):
@@ -70,6 +72,10 @@ def configurations(name: str, device, batch_invariant: bool = True, static: bool
         model, _ = load_model(name, device, **config)
         out[baseline.configuration(model)] = model
         if config["int4"]:
+            if compiled:
+                model, _ = load_model(name, device, dtype, int4=True, cache="static", max_cache_len=COMPILED_CACHE,
+                                      compile=True)
+                out[dtype_name(dtype) + baseline.INT4 + STATIC + COMPILED] = model
             continue
         if static and dtype in native and drafted_in(model, native):
             model, _ = load_model(name, device, dtype, packed_linears=config["packed_linears"], cache="static")
@@ -232,7 +238,8 @@ def main(argv=None):
     parser.add_argument("--static", action="store_true",
                         help="also time each native dtype on the static cache (ours plain and the drafts)")
     parser.add_argument("--compiled", action="store_true",
-                        help="also time each native dtype on the static cache compiled (ours plain and the drafts)")
+                        help="also time each native dtype and the 4-bit target on the static cache compiled (ours "
+                        "plain and the drafts)")
     parser.add_argument("--llama-cpp", action="store_true",
                         help="also time llama.cpp's plain decoding of the embedded target's GGUF (a row, not a "
                         "baseline candidate)")

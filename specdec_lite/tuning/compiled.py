@@ -20,6 +20,12 @@ and ``keep_graphs_on_disk`` adjusts both, once per process:
    handling of frozen parameters), so a frozen packed weight is keyed like any other frozen parameter.
 
 The first compile of each shape says what it is compiling and how long it took (``CompileLog``).
+
+A model on 4-bit blocks (``tuning.int4``) compiles with inductor's autotuning of matrix products too
+(``INT4_SETTINGS``): only then may inductor run a 4-bit product on its C++ template, which on an AMX CPU
+multiplies several rows (a verification or tree forward) about three times faster than torch's eager 4-bit
+kernel; without it the graph calls that eager kernel. Autotuning times each candidate once per shape while
+compiling, and the graph kept on disk holds the choice (docs/INT4.md has the measurements).
 """
 from __future__ import annotations
 
@@ -32,9 +38,11 @@ import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 
 from ..paths import cache_dir
+from .int4 import has_int4_linears
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 CPU_SETTINGS = {"freezing": True, "cpp_wrapper": True, "size_asserts": False}
+INT4_SETTINGS = {**CPU_SETTINGS, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 # graphs one forward may hold: a shape and cache size each, for every model of one architecture in the process (a
 # model's graphs are its own: its weights are frozen into them); dynamo's default, 8, would run the rest eagerly
 RECOMPILE_LIMIT = 64
@@ -51,7 +59,7 @@ class CompiledForward:
         keep_graphs_on_disk()
         cuda = device.type == "cuda"
         self.forward = torch.compile(model, mode="reduce-overhead" if cuda else None, dynamic=dynamic)
-        self.settings = CPU_SETTINGS if device.type == "cpu" else {}
+        self.settings = {} if device.type != "cpu" else INT4_SETTINGS if has_int4_linears(model) else CPU_SETTINGS
 
     def __call__(self, **inputs):
         with inductor_config.patch(self.settings), dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT):

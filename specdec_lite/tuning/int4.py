@@ -46,8 +46,7 @@ def int4_supported(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def int4_source(name: str, device: torch.device, dtype: torch.dtype, device_map, compile: bool,
-                batch_invariant: bool) -> Path:
+def int4_source(name: str, device: torch.device, dtype: torch.dtype, device_map, batch_invariant: bool) -> Path:
     """The GGUF whose blocks ``load_model(name, ..., int4=True)`` runs, after refusing, before anything loads, what
     cannot run: a model without a GGUF here, a device or dtype the kernel does not take, and the options that
     replace the linear layers themselves."""
@@ -55,7 +54,6 @@ def int4_source(name: str, device: torch.device, dtype: torch.dtype, device_map,
         raise ValueError(f"int4=True runs the 4-bit blocks of the GGUF a model was converted from, and only the "
                          f"embedded target ({EMBEDDED_TARGET!r}) ships one here, not {name!r}; load with int4=False")
     why = int4_supported(device, dtype) or (device_map is not None and "device_map places the layers itself") or \
-        (compile and "the compiled path is not measured with 4-bit layers") or \
         (batch_invariant and "batch_invariant=True replaces the linear layers itself")
     if why:
         raise ValueError(f"int4=True cannot run here: {why}; load with int4=False")
