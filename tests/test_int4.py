@@ -118,9 +118,8 @@ def test_int4_refuses_what_it_cannot_run_before_loading(kwargs, message):
 def test_a_compiled_int4_target_decodes_what_the_eager_one_does():
     """compile=True on 4-bit layers (float32, one layer): the compiled graph autotunes its matrix products (the only
     way inductor may put the 4-bit product on its C++ template), and greedy decoding through it gives the eager
-    int4 model's tokens. One compiled shape (one token) keeps the test short; the benchmark's greedy identity
-    column checks the products of several rows (chains and trees) on the embedded target
-    (``repro.bench --compiled``)."""
+    int4 model's tokens. One compiled shape (one token) keeps the test short: chains and trees run through the same
+    compiled forward, whose wider shapes tests/test_static_trees.py checks on models without 4-bit layers."""
     eager, compiled = int4_tiny_llama(layers=1, seed=5), int4_tiny_llama(layers=1, seed=5)
     x = torch.tensor([[3, 9, 27, 17, 51]])
     greedy = sd.SamplingParams(temperature=0.0)

@@ -62,10 +62,9 @@ def configurations(name: str, device, batch_invariant: bool = True, static: bool
     (``batch_invariant``) each native half precision made batch-invariant (left out, with a line saying why,
     where this CPU's kernels do not allow it), and (``static``) each native dtype on the static cache
     (``load_model(cache="static")``, label ending in ``STATIC``), and (``compiled``) each native dtype on the
-    static cache compiled (``COMPILED_CACHE`` tokens, label ending in ``COMPILED``). The baseline, the fastest plain
-    decoding, is among the plain configurations (ours on the static cache, compiled or not, too; the 4-bit target
-    compiled too, with ``compiled``), so leaving the
-    others out only leaves out rows."""
+    static cache compiled (``COMPILED_CACHE`` tokens, label ending in ``COMPILED``), the 4-bit target too. The
+    baseline, the fastest plain decoding, is among the plain configurations (ours on the static cache, compiled or
+    not, too), so leaving the others out only leaves out rows."""
     out, native = {}, native_dtypes(device)
     for config in baseline.plain_configurations(device, name):
         dtype = config["dtype"]
