@@ -39,9 +39,9 @@ import torch
 from ..names import EMBEDDED_TARGET, embedded_gguf_path
 from ..tuning.devices import cpu_flags, cpuinfo, dtype_name, native_dtypes, resolve_device
 from ..core.models import load_model
-from ..core.lm import static_state
 from ..tuning.packed_linear import kept_unpacked
 from ..core.sampling import SamplingParams
+from ..drafts.heads import runs_compiled
 from ..drafts.loading import TREE_DRAFTS, load_draft, tree_draft
 from . import baseline
 from .llama_cpp import llama_cpp_plain
@@ -95,9 +95,7 @@ def drafted_in(model, native: list) -> bool:
     """Whether the bench drafts in this configuration: a dtype the device computes natively (``native``), loaded
     the way ours runs it (float32 with transformers' own linear layers, like emulated half precision, is timed
     plainly: a candidate for the baseline only)."""
-    state = static_state(model)
-    compiled = state is not None and state.compile  # compiled forwards run unpacked
-    return model.dtype in native and (compiled or not kept_unpacked(model))
+    return model.dtype in native and (runs_compiled(model) or not kept_unpacked(model))  # compiled runs unpacked
 
 
 def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),

@@ -23,8 +23,8 @@ The first compile of each shape says what it is compiling and how long it took (
 
 A model on 4-bit blocks (``tuning.int4``) compiles with inductor's autotuning of matrix products too
 (``INT4_SETTINGS``): only then may inductor run a 4-bit product on its C++ template, which on an AMX CPU
-multiplies several rows (a verification or tree forward) about three times faster than torch's eager 4-bit
-kernel; without it the graph calls that eager kernel. Autotuning times each candidate once per shape while
+multiplies several rows (a verification or tree forward) several times faster than torch's eager 4-bit kernel;
+without it the graph calls that eager kernel. Autotuning times each candidate once per shape while
 compiling, and the graph kept on disk holds the choice (docs/INT4.md has the measurements).
 """
 from __future__ import annotations
