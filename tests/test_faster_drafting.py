@@ -15,6 +15,7 @@ from specdec_lite import paths
 from specdec_lite.drafts.heads import EagleDraft, read_head
 from specdec_lite.drafts.loading import (AUTO_LABEL, AUTO_LABEL_WITHOUT_HEAD, drafts_for_pair, labelled_heads,
                                         load_draft, one_head_per_kind)
+from specdec_lite.drafts.pacing import PacedDraft
 from specdec_lite.drafts.trees import DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
 from specdec_lite.repro import evaluate, theory
 from specdec_lite.repro.tasks import chat_ids, first_per_task, load_prompts
@@ -181,12 +182,16 @@ def test_auto_is_the_hybrid_dynamic_tree_greedy_and_the_heads_chain_at_t_above_0
     monkeypatch.setattr(paths, "repo_root", no_repository)
     monkeypatch.setattr(paths, "corpus_dir", no_repository)
     both = load_draft("auto", model)
-    greedy, sampled = both.at(GREEDY), both.at(sd.SamplingParams(temperature=0.7))
+    paced_greedy, paced_sampled = both.at(GREEDY), both.at(sd.SamplingParams(temperature=0.7))
+    greedy, sampled = paced_greedy.drafter, paced_sampled.drafter
     assert isinstance(greedy, HybridTreeDraft) and isinstance(greedy.head, DynamicTreeDraft)  # lookup + EAGLE-2 tree
     assert isinstance(greedy.lookup, LookupTreeDraft)
     assert greedy.head.costs["v"][1] == 1.0 and greedy.head.head_cost > 0  # this machine's, or the head's defaults
     assert type(sampled) is EagleDraft and sampled is greedy.head.eagle  # the head's chain, its caches shared
-    assert both.at(sd.SamplingParams(temperature=1.0)) is sampled
+    for paced in (paced_greedy, paced_sampled):  # both rest while the dynamic tree's costs say drafting loses
+        assert isinstance(paced, PacedDraft) and paced.verify_cost is greedy.head.verify_cost
+        assert paced.head_cost == greedy.head.head_cost
+    assert both.at(sd.SamplingParams(temperature=1.0)) is paced_sampled
     recommended = read_head(shipped)[0].state_dict()  # two layers, unrolled, trained on a GPU on every reply
     assert all(torch.equal(sampled.head.state_dict()[k].float(), v.float()) for k, v in recommended.items())
     by_name = load_draft(EMBEDDED_EAGLE_DEEP_TTT, model)
@@ -205,8 +210,8 @@ def test_the_pair_s_draft_kinds_are_those_kept_and_auto_falls_back_to_lookup_tre
     dynamic = drafts["EAGLE dynamic tree"]  # measured once for both dynamic trees, on this machine
     assert drafts["EAGLE head"] is dynamic.eagle and drafts["EAGLE tree"].eagle is dynamic.eagle
     hybrid = drafts["hybrid dynamic tree"]
-    assert drafts[AUTO_LABEL].at(GREEDY) is hybrid and hybrid.head is dynamic
-    assert drafts[AUTO_LABEL].at(sd.SamplingParams(temperature=1.0)) is drafts["EAGLE head"]
+    assert drafts[AUTO_LABEL].at(GREEDY).drafter is hybrid and hybrid.head is dynamic
+    assert drafts[AUTO_LABEL].at(sd.SamplingParams(temperature=1.0)).drafter is drafts["EAGLE head"]
     assert isinstance(load_draft("eagle-tree", model), EagleTreeDraft)
     other, _ = sd.load_model(str(local_pairs / "tiny-4l"), dtype="float32")
     assert isinstance(load_draft("auto", other), LookupTreeDraft)  # no head for it: lookup trees

@@ -10,6 +10,8 @@ from specdec_lite.core.drafter import ByTemperature, ModelDraft
 from specdec_lite.core.tree import Tree, TreeBuilder, tree_outcome_distribution
 from specdec_lite.drafts.trees import (AdaptiveLength, DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft,
                                       LookupTreeDraft, best_budget, SampledTreeDraft, measured_dynamic_tree)
+from specdec_lite.drafts.loading import auto_draft
+from specdec_lite.drafts.pacing import PacedDraft, Pacing
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
 from specdec_lite.repro.mutants import TREE_MUTANTS
 from specdec_lite.repro.stats import chi_square_power, chi_square_pvalue
@@ -297,15 +299,45 @@ EAGLE_TREES = {
 }
 EAGLE_TREES["dynamic hybrid tree, two-layer head"] = EAGLE_TREES["dynamic hybrid tree"]
 AUTO_SHAPE = "auto's shape: the dynamic hybrid tree greedy, the head's chain at T > 0"
+RESTING_AUTO = "auto's shape, drafting and resting in turn"
+RESTING_HYBRID = "dynamic hybrid tree, drafting and resting in turn"
 
 
-def auto_shape(head) -> ByTemperature:
-    """As ``load_draft("auto")`` builds it: lookup branches and the dynamic tree greedy, the head itself (its chain)
-    at T > 0."""
-    return ByTemperature(HybridTreeDraft(LookupTreeDraft(branches=2), small_dynamic_tree(head)), head)
+def auto_shape(head, dynamic=None) -> ByTemperature:
+    """As ``load_draft("auto")`` builds it (``auto_draft``): lookup branches and the dynamic tree greedy, the head
+    itself (its chain) at T > 0, both paced by the dynamic tree's costs."""
+    dynamic = dynamic or small_dynamic_tree(head)
+    return auto_draft({"hybrid-dynamic": HybridTreeDraft(LookupTreeDraft(branches=2), dynamic),
+                       "dynamic-tree": dynamic}, head)
+
+
+def losing_dynamic_tree(head) -> DynamicTreeDraft:
+    """The small dynamic tree on costs by which drafting never pays: a verification costs 10 decode steps."""
+    return DynamicTreeDraft(head, verify_cost=lambda n: 10.0, head_cost=0.1, top_k=2)
+
+
+def in_turn() -> Pacing:
+    """Every drafted round judged alone and every rest one round long: on costs by which drafting never pays, a
+    paced drafter drafts and rests in turn from its second round on (the first is the prefill)."""
+    return Pacing(window=1, first_rest=1, longest_rest=1)
+
+
+def resting_hybrid_tree(head) -> PacedDraft:
+    dynamic = losing_dynamic_tree(head)
+    hybrid = HybridTreeDraft(LookupTreeDraft(branches=2), dynamic)
+    return PacedDraft(hybrid, dynamic.verify_cost, dynamic.head_cost, in_turn())
+
+
+def resting_auto_shape(head) -> ByTemperature:
+    shape = auto_shape(head, losing_dynamic_tree(head))
+    for paced in (shape.greedy, shape.sampled):
+        paced.pacing = in_turn()
+    return shape
 
 
 EAGLE_TREES[AUTO_SHAPE] = auto_shape
+EAGLE_TREES[RESTING_AUTO] = resting_auto_shape
+EAGLE_TREES[RESTING_HYBRID] = resting_hybrid_tree
 EAGLE_PROMPT = [0, 2]
 
 
@@ -348,12 +380,14 @@ def test_enumeration_rejects_broken_verifiers_of_the_hybrid_tree(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["dynamic tree", "dynamic hybrid tree", "dynamic hybrid tree, two-layer head"])
+@pytest.mark.parametrize("kind", ["dynamic tree", "dynamic hybrid tree", "dynamic hybrid tree, two-layer head",
+                                  RESTING_HYBRID])
 def test_t1_eagle_trees_keep_the_target_law(kind):
     """The EAGLE head's trees at T = 1, gamma 2, on a tiny Llama (its tree forward: mask and positions) with a
     random EAGLE-3-style head: EAGLE-2's dynamic tree (chosen candidates), or the dynamic tree with lookup branches
     (auto's greedy drafting), also on a head of two decoder layers (the chain with siblings moves the broken law
-    too little for this test's power: its exact law is checked above). The first round is the prefill, so the
+    too little for this test's power: its exact law is checked above), and paced to draft and rest in turn (its
+    third round is a plain step where the second kept no draft). The first round is the prefill, so the
     first three tokens are where the tree acts. n = 1,000 runs of the real loop; chi-square of the first three
     tokens (27 cells) against the target's exact law at level 1e-3. Against the loop with the residual left out of
     the verifier the test's power, from that loop's law by enumeration, is > 0.9999 for each kind (0.99 is reached

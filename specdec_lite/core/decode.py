@@ -242,17 +242,16 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     tree = drafter.propose_tree(seq, run.lengths, gamma, sampling, generator)
     t1 = clock.now()
 
-    # 2) target: the tokens the cache has not seen (the root last), then the nodes, under the tree mask
+    # 2) target: the unseen tokens (the root last), then the nodes under the tree mask (a lone root: a plain feed)
     cached = target_lm.cache_lengths()[0]
     prefix = L - cached
     tokens = torch.cat([seq[:, cached:L], tree.tokens[1:].to(seq.device)[None]], dim=1)
     dtype = getattr(getattr(target_lm, "model", None), "dtype", torch.float32)
-    mask = attention_mask(tree, cached, prefix, dtype, seq.device)
-    position_ids = positions(tree, cached, prefix, seq.device)
-    if drafter.uses_target_features:
-        logits, hidden = target_lm.feed_tree(tokens, mask, position_ids, hidden_layers=drafter.feature_layers)
-    else:
-        logits = target_lm.feed_tree(tokens, mask, position_ids)
+    layers = {"hidden_layers": drafter.feature_layers} if drafter.uses_target_features else {}
+    out = target_lm.feed(tokens, **layers) if tree.size == 1 else target_lm.feed_tree(
+        tokens, attention_mask(tree, cached, prefix, dtype, seq.device), positions(tree, cached, prefix, seq.device),
+        **layers)
+    logits, hidden = out if layers else (out, None)
     node_logits = logits[0, prefix - 1:]  # (n, V): the root and every node
 
     # 3) verify: the accepted path (node indices) and the corrected or bonus token

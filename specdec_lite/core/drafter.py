@@ -35,6 +35,7 @@ class Drafter:
     uses_target_features = False
     feature_layers = (-1,)  # with uses_target_features: the target's hidden states it reads (-1: the last)
     proposes_trees = False  # True: the loop calls propose_tree(seq, lengths, gamma, sampling, generator) -> Tree
+    forwards = 0  # the draft model's forwards in the last proposal (``drafts.pacing`` prices a round with them)
 
     def begin(self, input_ids: torch.Tensor, padding: list[int] | None = None, tokens: int | None = None) -> None:
         pass
@@ -137,7 +138,7 @@ class ModelDraft(Drafter):
             qs.append(q_i)
             if i < gamma - 1:
                 logits = self.lm.feed(x_i[:, None])[:, -1]
-        self._proposed, self._start = len(tokens), list(self._context)
+        self._proposed, self._start, self.forwards = len(tokens), list(self._context), 1 + min(len(tokens), gamma - 1)
         if not tokens:
             return seq.new_zeros(seq.shape[0], 0), None
         return torch.stack(tokens, 1), torch.stack(qs, 1)

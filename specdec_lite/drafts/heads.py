@@ -594,6 +594,7 @@ class EagleDraft(FeatureDraft):
 
     @torch.inference_mode()
     def propose(self, seq, lengths, gamma, sampling, generator):
+        self.forwards = 0 if self.features is None else gamma  # the catch-up and gamma - 1 steps
         if self.features is None:  # the target has not run yet: this round is the prefill
             return seq.new_zeros(seq.shape[0], 0), None
         predicted = self.catch_up(seq)

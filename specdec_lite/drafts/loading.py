@@ -18,6 +18,7 @@ from ..paths import drafts_dir, is_head_dir, results_dir
 from .heads import EagleDraft, MedusaDraft, check_head_target, load_head, read_head_config
 from .layer_skip import LayerSkipDraft
 from .ngram import NGramDraft
+from .pacing import PacedDraft
 from .trees import (DEFAULT_COSTS, AdaptiveLength, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft, device_class,
                     measured_dynamic_tree)
 
@@ -138,8 +139,11 @@ def auto_draft(built: dict, eagle: EagleDraft) -> ByTemperature:
     over tasks: greedy the hybrid dynamic tree 1.54x (1.46x with the retrieval store's branches, which did not pay
     for themselves), at T = 1 the head's chain 1.18x against 1.06x for the hybrid dynamic tree. Nothing but the head
     is read: "auto" is the same installed and in a checkout. The two share the head's caches: a generation runs
-    one of them (``ByTemperature``)."""
-    return ByTemperature(built["hybrid-dynamic"], eagle)
+    one of them (``ByTemperature``). Both rest while their drafting does not pay by the dynamic tree's cost model
+    (``pacing.PacedDraft``): where it loses to plain decoding, "auto" decodes mostly plainly."""
+    dynamic = built["dynamic-tree"]
+    return ByTemperature(*(PacedDraft(drafter, dynamic.verify_cost, dynamic.head_cost)
+                           for drafter in (built["hybrid-dynamic"], eagle)))
 
 
 def recommended_eagle(eagle_names: list[str]) -> str:

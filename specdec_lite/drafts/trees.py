@@ -96,10 +96,10 @@ class EagleTreeDraft(Drafter):
     def grow(self, builder: TreeBuilder, seq, lengths, gamma: int, sampling: SamplingParams, generator) -> None:
         """Add the head's chain and its siblings under the root; the chain's length is kept for the adaptive
         rule's update at the rollback."""
-        self._proposed, self._start = 0, int(lengths[0])
+        self._proposed, self._start, self.forwards = 0, int(lengths[0]), 0
         if self.eagle.features is None:  # the target has not run yet: nothing to read
             return
-        predicted = self.eagle.catch_up(seq)
+        predicted, self.forwards = self.eagle.catch_up(seq), 1
         parent, chain = 0, 0
         for depth in range(gamma):
             logits = self.eagle.output.logits(predicted[0, -1])  # (V,)
@@ -109,6 +109,7 @@ class EagleTreeDraft(Drafter):
             chain += 1  # the chain goes on under the first candidate
             if depth < gamma - 1:
                 predicted = self.eagle.draft_step(predicted, torch.tensor([token], device=seq.device), depth)
+                self.forwards += 1
         self._proposed = chain
 
     def candidates(self, builder: TreeBuilder, parent: int, logits) -> tuple[int, int]:
@@ -206,14 +207,16 @@ class DynamicTreeDraft(Drafter):
     @torch.inference_mode()
     def grow(self, builder: TreeBuilder, seq, lengths, gamma: int, sampling: SamplingParams, generator) -> None:
         """Expand level by level while a level pays (at most gamma), then add the kept candidates under the root."""
+        self.forwards = 0
         if self.eagle.features is None:  # the target has not run yet: nothing to read
             return
-        candidates = self.children([-1], 1, self.eagle.catch_up(seq), [], sampling)
+        candidates, self.forwards = self.children([-1], 1, self.eagle.catch_up(seq), [], sampling), 1
         level, entry = list(range(len(candidates))), {}  # candidate -> its head cache entry once expanded
         depth, (n, speed) = 1, self.budget(candidates, 1)
         while depth < gamma:
             expand = sorted(level, key=lambda i: -candidates[i].confidence)[: self.top_k]
             features = self.expand(seq, expand, entry, candidates, int(lengths[0]) + depth - 2)
+            self.forwards += 1
             born = self.children(expand, depth + 1, features, candidates, sampling)
             deeper = candidates + born
             level = list(range(len(candidates), len(deeper)))
@@ -460,6 +463,10 @@ class HybridTreeDraft(Drafter):
 
     def observe(self, hidden, first_position: int) -> None:
         self.head.observe(hidden, first_position)
+
+    @property
+    def forwards(self) -> int:
+        return self.head.forwards
 
     @torch.inference_mode()
     def propose_tree(self, seq, lengths, gamma, sampling, generator) -> Tree:

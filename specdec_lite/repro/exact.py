@@ -12,8 +12,10 @@ the live drafters to these references.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import defaultdict
+from dataclasses import astuple
 
 import torch
 
@@ -22,6 +24,7 @@ from ..core.drafter import Drafter, ModelDraft, stops_here
 from ..core.lm import as_language_model
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 from ..core.tree import TreeBuilder
+from ..drafts.pacing import PacedDraft
 
 
 def _probs_after(lm, contexts: torch.Tensor, n_positions: int, sampling: SamplingParams) -> torch.Tensor:
@@ -163,27 +166,59 @@ def _round_outcomes(target_lm, draft, context: torch.Tensor, gamma: int, samplin
     return out
 
 
+def _paced_round_cost(target_lm, paced: PacedDraft, context: torch.Tensor, gamma: int, sampling: SamplingParams,
+                      first_round: bool) -> float | None:
+    """The cost ``paced`` gives a drafted round from ``context`` (None: the first round, the prefill, not judged):
+    a choosing tree drafter is asked for its one tree; an EAGLE chain runs one head forward per draft."""
+    drafter = paced.drafter
+    if first_round:
+        return None
+    if drafter.proposes_trees:
+        (tree, _), = _proposed_trees(target_lm, drafter, context, gamma, sampling, first_round)
+        return paced.priced(drafter.forwards, tree.size)
+    drafts = drafter.proposal_length(gamma)
+    return paced.priced(drafts, drafts + 1)
+
+
 def exact_speculative_distribution(target, draft, prompt, gamma: int, n: int,
                                    sampling: SamplingParams = SamplingParams(), verifier: Verifier = EXACT) -> dict:
     """{tuple of the first n emitted tokens: probability} under speculative decoding with ``verifier`` (the exact
-    one unless a test hands in a broken one), over all branches."""
+    one unless a test hands in a broken one), over all branches. A ``PacedDraft`` is followed branch by branch: its
+    resting rounds are plain steps, and each branch keeps its own pacing state."""
     target_lm = as_language_model(target)
     if isinstance(draft, Drafter):
         draft = draft.at(sampling)  # the drafting that runs under this sampling (``ByTemperature``)
+    paced, start = (draft, copy.copy(draft.pacing)) if isinstance(draft, PacedDraft) else (None, None)
+    if start is not None:
+        start.begin()
     prompt = tuple(torch.as_tensor(prompt).long().flatten().tolist())
-    frontier = {(): 1.0}  # emitted so far -> probability, for branches still short of n tokens
+    # (emitted so far, its pacing state as a tuple) -> (that state, probability), for branches short of n tokens
+    frontier = {((), None if start is None else astuple(start)): (start, 1.0)}
     result = defaultdict(float)
     while frontier:
-        nxt = defaultdict(float)
-        for emitted, prob in frontier.items():
+        nxt = {}
+        for (emitted, _), (pacing, prob) in frontier.items():
             context = torch.tensor(prompt + emitted, dtype=torch.long)
-            outcomes = _round_outcomes(target_lm, draft, context, gamma, sampling, not emitted, verifier)
+            if pacing is not None and not pacing.drafts:  # a resting round: a plain step
+                p = _probs_after(target_lm, context[None], 1, sampling)[0, 0]
+                outcomes, cost = {(v,): float(p[v]) for v in p.nonzero().flatten().tolist()}, None
+            else:
+                outcomes = _round_outcomes(target_lm, draft if paced is None else paced.drafter, context, gamma,
+                                           sampling, not emitted, verifier)
+                cost = None if paced is None else _paced_round_cost(target_lm, paced, context, gamma, sampling,
+                                                                    not emitted)
             for tokens, pr in outcomes.items():
                 longer = emitted + tokens
                 if len(longer) >= n:
                     result[longer[:n]] += prob * pr
-                else:
-                    nxt[longer] += prob * pr
+                    continue
+                after = None if pacing is None else copy.copy(pacing)
+                if after is not None and not after.drafts:
+                    after.rested()
+                elif after is not None and cost is not None:
+                    after.drafted(len(tokens), cost)
+                key = (longer, None if after is None else astuple(after))
+                nxt[key] = (after, nxt.get(key, (None, 0.0))[1] + prob * pr)
         frontier = nxt
     return dict(result)
 
