@@ -14,7 +14,8 @@ from specdec_lite.repro.mutants import TREE_MUTANTS
 
 from conftest import tiny_llama
 from test_heads import random_head_draft
-from test_trees import _hand_tree_round, _repetitive_prompt, auto_shape, check_sampled_tree_law, small_dynamic_tree
+from test_trees import (_hand_tree_round, _repetitive_prompt, auto_shape, check_sampled_tree_law, resting_auto_shape,
+                        small_dynamic_tree)
 
 GREEDY = sd.SamplingParams(temperature=0)
 
@@ -109,27 +110,30 @@ def compiled_frames() -> tuple[int, int]:
 
 
 def test_compiled_forwards_stay_compiled_over_200_rounds():
-    """compile=True (inductor on the CPU; CUDA graphs on a GPU), float32, gamma 2: a chain drafted by a small model
-    and auto's greedy trees (padded to the node budget ``TREE_ROWS``). After one warm-up run of each, 200 rounds
-    more recompile nothing, and the target's compiled shapes are at most gamma + 3 (the EAGLE head's, compiled beside
-    it with dynamic sizes, are one per kind of shape its compile log announced, at most 4); the tokens are plain
-    greedy decoding's."""
+    """compile=True (inductor on the CPU; CUDA graphs on a GPU), float32, gamma 2: plain decoding, a chain drafted by
+    a small model, auto's greedy trees (padded to the node budget ``TREE_ROWS``) and auto's shape drafting and
+    resting in turn. After one warm-up run of each, 200 rounds more recompile nothing, and the target's compiled
+    shapes are at most gamma + 3 (the EAGLE head's, compiled beside it with dynamic sizes, are one per kind of shape
+    its compile log announced, at most 4), with one graph for every one-token forward (plain steps, resting rounds);
+    the tokens are plain greedy decoding's."""
     target, gamma = tiny_llama(vocab=48, layers=1, seed=4), 2
     prompt = _repetitive_prompt()
     want = sd.autoregressive_generate(target, prompt, max_new_tokens=120, sampling=GREEDY).tokens
     static(target, max_length=256, compile=True)
     chain = ModelDraft(tiny_llama(vocab=48, layers=1, seed=5))
     eagle = random_head_draft(target, "eagle", seed=3)  # one feature layer: the 1-layer target has few
-    tree = auto_shape(eagle)
+    tree, resting = auto_shape(eagle), resting_auto_shape(eagle)
     torch._dynamo.reset()
     before = compiled_frames()
-    for drafter in (chain, tree):  # warm-up: every shape the runs below use
+    assert torch.equal(sd.autoregressive_generate(target, prompt, max_new_tokens=120, sampling=GREEDY).tokens, want)
+    for drafter in (chain, tree, resting):  # warm-up: every shape the runs below use
         assert torch.equal(sd.speculative_generate(target, drafter, prompt, gamma=gamma, max_new_tokens=120,
                                                    sampling=GREEDY).tokens, want)
     warm = compiled_frames()
+    assert len({shape for shape in static_state(target).log.seen if shape[2] == 1}) == 1
     rounds = 0
     while rounds < 200:
-        for drafter in (chain, tree):
+        for drafter in (chain, tree, resting):
             out = sd.speculative_generate(target, drafter, prompt, gamma=gamma, max_new_tokens=120, sampling=GREEDY)
             assert torch.equal(out.tokens, want)
             rounds += len(out.stats.accepted_lengths)

@@ -136,8 +136,7 @@ class Decoding:
         return running
 
     def emitted(self) -> list:
-        """Each row's new tokens so far, cut at its max_new_tokens and just after its first EOS (nothing after EOS
-        is emitted); the buffer is read once."""
+        """Each row's new tokens so far, cut at its max_new_tokens and just after its first EOS; one read."""
         rows = self.seq[:, self.prompt_len: self.prompt_len + self.max_new_tokens].tolist()
         out = []
         for row, size, limit in zip(rows, self.sizes, self.limits):
@@ -155,8 +154,7 @@ class Decoding:
 
 
 def read_together(*values: torch.Tensor | None) -> list:
-    """The one host read of a round: (B,) tensors (None: skipped) stacked and copied together; each comes back
-    as a list of ints, None where it was None."""
+    """The round's one host read: (B,) tensors (None: skipped) copied together, each back as a list of ints."""
     given = [v for v in values if v is not None]
     if not given:
         return [None] * len(values)
@@ -248,11 +246,11 @@ def tree_round(target_lm, drafter: Drafter, run: Decoding, gamma, sampling, gene
     tokens = torch.cat([seq[:, cached:L], tree.tokens[1:].to(seq.device)[None]], dim=1)
     dtype = getattr(getattr(target_lm, "model", None), "dtype", torch.float32)
     layers = {"hidden_layers": drafter.feature_layers} if drafter.uses_target_features else {}
-    out = target_lm.feed(tokens, **layers) if tree.size == 1 else target_lm.feed_tree(
+    out = target_lm.feed(tokens, num_logits=1, **layers) if tree.size == 1 else target_lm.feed_tree(
         tokens, attention_mask(tree, cached, prefix, dtype, seq.device), positions(tree, cached, prefix, seq.device),
         **layers)
     logits, hidden = out if layers else (out, None)
-    node_logits = logits[0, prefix - 1:]  # (n, V): the root and every node
+    node_logits = logits[0, -tree.size:]  # (n, V): the root and every node
 
     # 3) verify: the accepted path (node indices) and the corrected or bonus token
     if sampling.greedy:

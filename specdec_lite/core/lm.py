@@ -16,16 +16,16 @@ wrapper declares what it can do beyond the four calls (left padding, ragged batc
 
 Two caches for Hugging Face models (``use_static_cache`` or ``load_model(cache=...)``): transformers' growing
 ``DynamicCache`` (the default; a rollback drops tensor slices), or a preallocated ``StaticCache`` sized to each
-request (``static_size``), where a rollback moves each layer's length and the attention mask hides the stale
-entries until they are overwritten; its short forwards can run compiled (``tuning/compiled.py``). Both run the
-same loop, verifier and rollback; the static cache runs batch 1.
+request (``static_size``), where a rollback moves each layer's length and the attention mask hides the stale entries
+until they are overwritten; its short forwards can run compiled (``tuning/compiled.py``). Both run the same loop,
+verifier and rollback; the static cache runs batch 1.
 
-Batches on the dynamic cache use masked slots: every feed appends the same number of slots to every row, and
-``Slots`` (``slots.py``, shared with the EAGLE head's cache) says which hold a token of the row; left pads and
-rolled-back tokens are holes, trimmed when a hole in every row and compacted away when many. A token's position
-is the count of its row's tokens before it (a prompt starts at 0, as with ``generate``), and the occupancy is the
-forward's 2-D ``attention_mask``; all bookkeeping reads the host copy. While no row has a hole (batch 1 always)
-feeds and rollbacks are the plain ones.
+Batches on the dynamic cache use masked slots: every feed appends the same number of slots to every row, and ``Slots``
+(``slots.py``, shared with the EAGLE head's cache) says which hold a token of the row; left pads and rolled-back
+tokens are holes, trimmed when a hole in every row and compacted away when many. A token's position is the count of
+its row's tokens before it (a prompt starts at 0, as with ``generate``), and the occupancy is the forward's 2-D
+``attention_mask``; all bookkeeping reads the host copy. While no row has a hole (batch 1 always) feeds and rollbacks
+are the plain ones.
 """
 from __future__ import annotations
 
@@ -271,8 +271,10 @@ class HFCausalLM(LanguageModel):
         if forward is not self.model:  # a slice of the token buffer keeps its strides: a new graph for each width
             tokens = tokens.clone(memory_format=torch.contiguous_format)
         masked = {} if self.slots is None else self._masked_inputs(tokens.shape[1])
+        # one compiled token forward returns hidden states: one graph for plain steps and resting drafters' steps
+        hidden = hidden_layers is not None or (forward is not self.model and tokens.shape[1] == 1)
         out = self._run(forward, "tokens", input_ids=tokens, use_cache=True, logits_to_keep=num_logits or 0,
-                        output_hidden_states=hidden_layers is not None, **masked, **{self._cache_kwarg: self.cache})
+                        output_hidden_states=hidden, **masked, **{self._cache_kwarg: self.cache})
         self.length += tokens.shape[1]
         return self._returned(out, forward, hidden_layers)
 

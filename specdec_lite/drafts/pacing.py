@@ -73,7 +73,9 @@ class PacedDraft(Drafter):
     """``drafter`` (a chain or a tree drafter) resting while it does not pay (``Pacing``). A round's cost is the
     drafter's forwards (``Drafter.forwards``) times ``head_cost`` plus ``verify_cost(n)``, n the tokens the target
     verifies (the drafts and the newest token): the dynamic tree's cost model (``trees.DynamicTreeDraft``), whose v(n)
-    is timed through tree forwards (a chain's forward costs no more)."""
+    is timed through tree forwards (a chain's forward costs no more). A resting round still rolls ``drafter`` back,
+    so a drafter that learns from its rollbacks (``trees.AdaptiveLength``, an adaptive lookup) would learn from
+    rounds it did not propose: ``auto`` paces drafters without such rules."""
 
     def __init__(self, drafter: Drafter, verify_cost, head_cost: float, pacing: Pacing | None = None):
         self.drafter, self.verify_cost, self.head_cost = drafter, verify_cost, head_cost
