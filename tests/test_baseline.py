@@ -138,7 +138,8 @@ def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_
 def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_plainly(local_pairs, tmp_path):
     """Emulated half precision, and each dtype as transformers loads it (where ours packs its linear layers), are
     timed plainly: baseline candidates, not configurations to draft in. The per-run rows are on disk as they are
-    measured (a run cut off keeps them)."""
+    measured (a run cut off keeps them). ``only`` times the configurations it names and refuses a label the run
+    does not have."""
     from specdec_lite.tuning.devices import native_dtypes, plain_dtypes
     from specdec_lite.repro import bench
 
@@ -158,3 +159,11 @@ def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_pla
                                                                   f"transformers generate, {config}"}
     assert runs.baseline.nunique() == 1 and runs.baseline.iloc[0] in set(runs[runs.plain].method)
     assert (runs.new_tokens == 4).all()
+    one = next(iter(drafted))  # --only: that configuration alone, its own plain decoding the baseline
+    alone = bench.run(str(local_pairs / "tiny-2l"), "cpu", prompts_per_task=1, max_new_tokens=4, temperatures=(0.0,),
+                      drafts=("n-gram",), progress=False, batch_invariant=False, only=[one])
+    assert set(alone.configuration) == {one} and set(alone.baseline) <= {f"ours autoregressive, {one}",
+                                                                         f"transformers generate, {one}"}
+    with pytest.raises(ValueError, match="no such configuration here"):
+        bench.run(str(local_pairs / "tiny-2l"), "cpu", prompts_per_task=1, max_new_tokens=4, temperatures=(0.0,),
+                  drafts=("n-gram",), progress=False, batch_invariant=False, only=["bfloat16 compiled"])

@@ -8,6 +8,7 @@
                                        [--compiled]  (also each native dtype and the 4-bit target on the static
                                                       cache, compiled)
                                        [--llama-cpp]  (also llama.cpp's plain decoding of the embedded GGUF)
+                                       [--only LABEL ...]  (time only these configurations)
 
 Configurations: the target loaded as it is in float32 and in each half precision the device runs
 (``plain_dtypes``), and in native half precision also made batch-invariant (``load_model(batch_invariant=True)``,
@@ -101,7 +102,7 @@ def drafted_in(model, native: list) -> bool:
 def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=96, temperatures=(0.0, 1.0),
         gamma=4, seed=0, progress=True, drafts=("auto",), head: str | None = None,
         skip_per_task: int = 0, batch_invariant: bool = True, static: bool = False, compiled: bool = False,
-        llama_cpp: bool = False, runs_out: str | Path | None = None) -> pd.DataFrame:
+        llama_cpp: bool = False, runs_out: str | Path | None = None, only=None) -> pd.DataFrame:
     """Every (configuration, method) on the same prompts, one row per run, with the speed over the fastest plain
     decoding of the whole run (columns baseline, speedup) and, within a configuration, over its own plain
     decoding (speedup_same_config). ``drafts``: the speculative methods, by ``load_draft`` name, a tree draft
@@ -113,11 +114,17 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     ``llama_cpp``: also time llama.cpp's plain decoding of the embedded target's GGUF (``LLAMA_CPP``); ``runs_out``:
     a CSV the per-run rows measured so far are written to after each configuration (times and tokens, no
     speedups: the baseline needs every configuration), so that a run cut off by a time limit keeps what it
-    measured."""
+    measured; ``only``: the configurations' labels to time, the others loaded and left out (a shorter run, whose
+    baseline is the fastest of those), an unknown label refused before anything is timed."""
     from .evaluate import time_prompts, transformers_methods
 
     device = resolve_device(device)
     configs = configurations(name, device, batch_invariant, static, compiled)
+    if only:
+        unknown = sorted(set(only) - set(configs))
+        if unknown:
+            raise ValueError(f"--only {unknown}: no such configuration here; this run's are {sorted(configs)}")
+        configs = {label: model for label, model in configs.items() if label in only}
     tokenizer = load_model(name, device, "float32")[1]
     prompts = load_prompts(tasks=TASKS, per_task=prompts_per_task, skip_per_task=skip_per_task)
     frames, native = [], native_dtypes(device)
@@ -240,6 +247,9 @@ def main(argv=None):
     parser.add_argument("--llama-cpp", action="store_true",
                         help="also time llama.cpp's plain decoding of the embedded target's GGUF (a row, not a "
                         "baseline candidate)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="LABEL",
+                        help="time only these configurations (their labels in the table); the baseline is then the "
+                        "fastest plain decoding among them")
     parser.add_argument("--out", default="", help="also write the table (with the machine) to this CSV, and the "
                         "per-run rows, as they are measured, beside it (<name>_runs.csv)")
     args = parser.parse_args(argv)
@@ -247,7 +257,7 @@ def main(argv=None):
     runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma,
                drafts=args.drafts, head=args.head, skip_per_task=args.skip_per_task,
                batch_invariant=not args.no_batch_invariant, static=args.static, compiled=args.compiled,
-               llama_cpp=args.llama_cpp, runs_out=runs_csv(args.out) if args.out else None)
+               llama_cpp=args.llama_cpp, runs_out=runs_csv(args.out) if args.out else None, only=args.only)
     summary, where = table(runs), machine()
     if args.out:
         summary.assign(machine=where, prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(
