@@ -16,17 +16,16 @@ from test_trees import RESTING_AUTO, eagle_tree, in_turn, losing_dynamic_tree
 GREEDY = sd.SamplingParams(temperature=0.0)
 
 
-def test_pacing_rests_after_a_losing_window_doubles_each_losing_rest_and_resets_when_drafting_pays():
+def test_pacing_judges_every_drafted_round_so_far_rests_doubles_while_losing_and_resets_when_drafting_pays():
     pacing = Pacing(window=2, first_rest=2, longest_rest=8)
     pacing.drafted(3, 2.0)
-    assert pacing.drafts  # a window is judged only once full
+    assert pacing.drafts  # judged every window rounds only
     pacing.drafted(1, 2.5)  # 4 tokens for 4.5 steps: drafting lost
     assert not pacing.drafts and pacing.resting == 2
     for _ in range(2):
         pacing.rested()
     assert pacing.drafts
-    for _ in range(2):
-        pacing.drafted(1, 2.0)
+    pacing.drafted(1, 2.0), pacing.drafted(1, 2.0)
     assert pacing.resting == 4  # a second losing judgement in a row: twice as long
     for _ in range(4):
         pacing.rested()
@@ -35,12 +34,15 @@ def test_pacing_rests_after_a_losing_window_doubles_each_losing_rest_and_resets_
         assert pacing.resting == 8  # at most longest_rest
         for _ in range(8):
             pacing.rested()
-    pacing.drafted(3, 2.0), pacing.drafted(3, 2.0)  # drafting paid: the next rest is the first one again
-    assert pacing.drafts
-    pacing.drafted(1, 2.0), pacing.drafted(1, 2.0)
+    pacing.drafted(10, 1.0), pacing.drafted(10, 1.0)  # 32 tokens for 22.5 steps in all: drafting paid
+    assert pacing.drafts and pacing.rest == 2  # the next rest is the first one again
+    pacing.drafted(1, 8.0), pacing.drafted(1, 8.0)  # 34 for 38.5
     assert pacing.resting == 2
     pacing.begin()
-    assert pacing.drafts and pacing.rest == 2 and pacing.rounds == 0
+    assert pacing.drafts and pacing.rest == 2 and pacing.rounds == 0 and pacing.tokens == pacing.cost == 0
+    pacing.drafted(5, 2.0), pacing.drafted(5, 2.0)
+    pacing.drafted(1, 2.0), pacing.drafted(1, 2.0)  # these two lost, the generation's drafting did not
+    assert pacing.drafts
     with pytest.raises(ValueError, match="window >= 1"):
         Pacing(window=0)
     with pytest.raises(ValueError, match="first_rest <= longest_rest"):

@@ -388,12 +388,12 @@ def test_t1_eagle_trees_keep_the_target_law(kind):
     (auto's greedy drafting), also on a head of two decoder layers (the chain with siblings moves the broken law
     too little for this test's power: its exact law is checked above), and paced to draft and rest in turn (its
     third round is a plain step where the second kept no draft). The first round is the prefill, so the
-    first three tokens are where the tree acts. n = 1,000 runs of the real loop; chi-square of the first three
+    first three tokens are where the tree acts. n = 600 runs of the real loop; chi-square of the first three
     tokens (27 cells) against the target's exact law at level 1e-3. Against the loop with the residual left out of
     the verifier the test's power, from that loop's law by enumeration, is > 0.9999 for each kind (0.99 is reached
     from n = 400 for the two-layer head, 300 for the others), and it rejects that loop run."""
     target = tiny_llama(vocab=3, layers=2, seed=11)
-    sampling, n = sd.SamplingParams(temperature=1.0), 1000
+    sampling, n = sd.SamplingParams(temperature=1.0), 600
     want = exact_target_distribution(target, EAGLE_PROMPT, 3, sampling)
     broken_verifier = TREE_MUTANTS["residual not updated between siblings"]
     broken = exact_speculative_distribution(target, eagle_tree(kind, target), EAGLE_PROMPT, gamma=2, n=3,

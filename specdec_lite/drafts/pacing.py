@@ -5,11 +5,13 @@ target's decode step is fast against its verification forward and the head's ste
 CPU: docs/INT4.md), drafting loses to plain decoding, and a user who asked for the recommended setting would be
 slower than without it. ``PacedDraft`` prices every drafted round with the same cost model that sizes the dynamic
 tree (the machine's v(n) and the head's cost per forward, in decode steps: ``trees.measured_dynamic_tree``) and
-counts the tokens the round emitted. After ``window`` drafted rounds it judges them together: where their tokens
-fell short of their cost, it rests for ``rest`` rounds, proposing nothing (each is then a plain decoding step,
-and the head's features keep arriving, so its first round after the rest catches up on them in one forward);
-each rest that ends in a losing judgement again doubles the next one, up to ``longest_rest``, and a paying
-judgement resets it.
+counts the tokens the round emitted. Every ``window`` drafted rounds it judges all the generation's drafted rounds
+so far: where their tokens fell short of their cost, it rests for ``rest`` rounds, proposing nothing (each is
+then a plain decoding step, and the head's features keep arriving, so its first round after the rest catches up
+on them in one forward); each further losing judgement doubles the next rest, up to ``longest_rest``, and a paying
+judgement resets it. Judging every drafted round so far, not the last few, keeps chance from resting a drafting
+that pays on average: at T = 1 a round keeps 1 to 5 tokens, and four rounds of a chain that paid 1.3x in all fell
+short of their cost often enough to rest it for half its rounds (docs/INT4.md).
 
 Exactness: whether a round drafts is decided from the tokens already emitted and the shipped or calibrated costs,
 never from the target's distribution at the round's positions, so every round, drafted or plain, emits from the
@@ -27,14 +29,14 @@ from ..core.tree import Tree, TreeBuilder
 
 @dataclass
 class Pacing:
-    """The resting rule: judge ``window`` drafted rounds at a time; rest ``first_rest`` plain rounds after a
-    judgement that they cost more decode steps than the tokens they emitted, twice as long after each further
-    losing judgement (at most ``longest_rest``)."""
+    """The resting rule: every ``window`` drafted rounds, judge all the drafted rounds so far; rest ``first_rest``
+    plain rounds after a judgement that they cost more decode steps than the tokens they emitted, twice as long
+    after each further losing judgement (at most ``longest_rest``)."""
 
-    window: int = 4
+    window: int = 8
     first_rest: int = 16
     longest_rest: int = 256
-    tokens: float = field(init=False, default=0.0)  # emitted by the drafted rounds not judged yet
+    tokens: float = field(init=False, default=0.0)  # emitted by the generation's drafted rounds
     cost: float = field(init=False, default=0.0)  # their cost in decode steps
     rounds: int = field(init=False, default=0)
     resting: int = field(init=False, default=0)  # plain rounds left in the current rest
@@ -60,13 +62,12 @@ class Pacing:
     def drafted(self, tokens: float, cost: float) -> None:
         """After a drafted round that emitted ``tokens`` (per running row) and cost ``cost`` decode steps."""
         self.tokens, self.cost, self.rounds = self.tokens + tokens, self.cost + cost, self.rounds + 1
-        if self.rounds < self.window:
+        if self.rounds % self.window:
             return
         if self.tokens < self.cost:
             self.resting, self.rest = self.rest, min(2 * self.rest, self.longest_rest)
         else:
             self.rest = self.first_rest
-        self.tokens, self.cost, self.rounds = 0.0, 0.0, 0
 
 
 class PacedDraft(Drafter):
