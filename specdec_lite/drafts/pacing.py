@@ -10,8 +10,8 @@ so far: where their tokens fell short of their cost, it rests for ``rest`` round
 then a plain decoding step, and the head's features keep arriving, so its first round after the rest catches up
 on them in one forward); each further losing judgement doubles the next rest, up to ``longest_rest``, and a paying
 judgement resets it. Judging every drafted round so far, not the last few, keeps chance from resting a drafting
-that pays on average: at T = 1 a round keeps 1 to 5 tokens, and four rounds of a chain that paid 1.3x in all fell
-short of their cost often enough to rest it for half its rounds (docs/INT4.md).
+that pays on average: at T = 1 the tokens a round keeps vary widely, and a few rounds judged alone fall short of
+their cost by chance (docs/INT4.md measures both rules).
 
 Exactness: whether a round drafts is decided from the tokens already emitted and the shipped or calibrated costs,
 never from the target's distribution at the round's positions, so every round, drafted or plain, emits from the
