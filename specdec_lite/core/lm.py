@@ -16,16 +16,16 @@ wrapper declares what it can do beyond the four calls (left padding, ragged batc
 
 Two caches for Hugging Face models (``use_static_cache`` or ``load_model(cache=...)``): transformers' growing
 ``DynamicCache`` (the default; a rollback drops tensor slices), or a preallocated ``StaticCache`` sized to each
-request (``static_size``), where a rollback moves each layer's length and the attention mask hides the stale entries
-until they are overwritten; its short forwards can run compiled (``tuning/compiled.py``). Both run the same loop,
-verifier and rollback; the static cache runs batch 1.
+request (``static_size``), where a rollback moves each layer's length and the attention mask hides the stale
+entries until they are overwritten; its short forwards can run compiled (``tuning/compiled.py``). Both run the
+same loop, verifier and rollback; the static cache runs batch 1.
 
-Batches on the dynamic cache use masked slots: every feed appends the same number of slots to every row, and ``Slots``
-(``slots.py``, shared with the EAGLE head's cache) says which hold a token of the row; left pads and rolled-back
-tokens are holes, trimmed when a hole in every row and compacted away when many. A token's position is the count of
-its row's tokens before it (a prompt starts at 0, as with ``generate``), and the occupancy is the forward's 2-D
-``attention_mask``; all bookkeeping reads the host copy. While no row has a hole (batch 1 always) feeds and rollbacks
-are the plain ones.
+Batches on the dynamic cache use masked slots: every feed appends the same number of slots to every row, and
+``Slots`` (``slots.py``, shared with the EAGLE head's cache) says which hold a token of the row; left pads and
+rolled-back tokens are holes, trimmed when a hole in every row and compacted away when many. A token's position
+is the count of its row's tokens before it (a prompt starts at 0, as with ``generate``), and the occupancy is the
+forward's 2-D ``attention_mask``; all bookkeeping reads the host copy. While no row has a hole (batch 1 always)
+feeds and rollbacks are the plain ones.
 """
 from __future__ import annotations
 
