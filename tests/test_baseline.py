@@ -122,7 +122,8 @@ def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_
     """On a CPU without native bfloat16, plain decoding in emulated half precision can still beat float32 (it
     reads half the bytes a step), so a float32 run times both halves too, on every CPU kind; a half-precision run
     times float32 and the other half. In each dtype whose linear layers ours packs, the model as transformers loads
-    it is a candidate too (float32 wherever torch has oneDNN, bfloat16 where oneDNN computes it)."""
+    it is a candidate too (float32 wherever torch has oneDNN, bfloat16 where oneDNN computes it). ``limit`` keeps
+    the first ones."""
     import specdec_lite as sd
 
     unpacked = [d for d in (torch.float32, torch.bfloat16) if can_pack(torch.device("cpu"), d)]
@@ -131,6 +132,7 @@ def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_
     others = baseline.plain_candidates(target)
     assert set(others) == {"bfloat16", "float16"} | unpacked_names
     assert [m.dtype for m in others.values()] == [torch.bfloat16, torch.float16] + unpacked
+    assert list(baseline.plain_candidates(target, limit=1)) == ["bfloat16"]  # a smoke run's one, loaded alone
     half, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="bfloat16")
     assert set(baseline.plain_candidates(half)) == {"float32", "float16"} | unpacked_names
 

@@ -51,16 +51,20 @@ def label(config: dict) -> str:
         "" if config["packed_linears"] is None else UNPACKED)
 
 
-def plain_candidates(target) -> dict:
+def plain_candidates(target, limit: int | None = None) -> dict:
     """{configuration: model} of the other plain configurations to time beside ``target``
     (``plain_configurations``: the same weights, each loaded anew), except the one ``target`` itself is (when it
-    is plain, its own rows are candidates). A configuration whose copy does not fit in memory is left out."""
+    is plain, its own rows are candidates). A configuration whose copy does not fit in memory is left out.
+    ``limit``: at most that many, in ``plain_configurations``' order (a smoke run times one: it checks that the
+    comparison runs, not which configuration wins)."""
     device, name = target.get_input_embeddings().weight.device, target.config._name_or_path
     own = configuration(target)
     out = {}
     for config in plain_configurations(device, name):
         if label(config) == own:
             continue
+        if limit is not None and len(out) >= limit:
+            break
         try:
             out[label(config)], _ = load_model(name, device, **config)
         except (MemoryError, torch.OutOfMemoryError):

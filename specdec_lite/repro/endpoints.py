@@ -329,8 +329,8 @@ def local_server_command(port: int, target: str, draft: str, dtype: str = "auto"
                          device: str = "cpu", threads: int = 1, max_batch: int = 16) -> list[str]:
     """This package's server (``python -m specdec_lite.serve``); ``draft`` "none" for plain decoding;
     ``max_batch`` concurrent requests decoded together at most (1: one at a time). One CPU thread by default: on a
-    2-core machine shared with other work, torch's two threads stalled some kernels 100 times over (a one-token
-    bfloat16 product 7.8 ms against 61 us on one thread); 0 keeps torch's default."""
+    2-core machine shared with other work, torch's two threads spinning on each other stalled some kernels many times
+    over; 0 keeps torch's default."""
     return [sys.executable, "-m", "specdec_lite.serve", "--target", target, "--draft", draft, "--dtype", dtype,
             "--gamma", str(gamma), "--device", device, "--threads", str(threads), "--max-batch", str(max_batch),
             "--port", str(port)]

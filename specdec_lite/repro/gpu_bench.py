@@ -50,12 +50,11 @@ sees (each row records how many it compiled): the target's decode step twice (tr
 verification over gamma + 1 tokens once per gamma (5), the draft's steps (3); today also the target's and the
 draft's single steps timed for c (fed contiguous tokens, while the loop feeds views of its token buffer, and the
 compiled forward specializes on strides) and 2 more of the draft's per gamma (that buffer's width depends on
-gamma): 20 graphs where 10 would do, tens of seconds each for the 8B shape. The 8B's eager rows cost about 30 ms
-a token: 3 rows x 3 calls x 128 tokens, about 35 s. Compiled steps cost a few ms: the 15 oracle rows take about
-40 s. Before each gamma the run checks that the budget still covers what the previous gamma took; if not, that
+gamma): 20 graphs where 10 would do, tens of seconds each for the 8B shape. The eager rows cost 3 rows x 3 calls x
+128 decode steps, the compiled oracle rows far less a step. Before each gamma the run checks that the budget still covers what the previous gamma took; if not, that
 gamma's rows are recorded as skipped for the time budget (the plain rows and gamma 4 come first, so the claims'
 rows are measured first). Fewer tokens and repeats (``--new-tokens``, ``--repeats``) shorten a run; nothing is cut
-by a timeout. The CPU rehearsal takes about 3 minutes on 2 cores (15-20 s a graph).
+by a timeout.
 
 No pandas, seaborn or matplotlib needed: the figure is drawn only when matplotlib is importable.
 """
@@ -114,7 +113,7 @@ class Plan:
 
 # prompts longer than core.lm.EAGER_ABOVE (16) tokens, so that prefills run eagerly and compile nothing. The tiny
 # shapes run on one thread: they gain nothing from more, and on a 2-core machine busy with other work two threads
-# spinning on each other made every eager step 300 ms instead of 2
+# spinning on each other made every eager step many times slower
 PLANS = {"gpu": Plan(prompt_len=64, new_tokens=128, repeats=2, budget_s=270),
          "tiny": Plan(prompt_len=32, new_tokens=48, repeats=2, budget_s=600, cpu_threads=1)}
 CLAIM_A, CLAIM_GAMMA = 0.8, 4

@@ -63,19 +63,16 @@ def cpu_has_native_bfloat16() -> bool:
 
 
 def auto_dtype(device: torch.device, native_bfloat16: bool | None = None) -> torch.dtype:
-    """The dtype ``"auto"`` means on ``device``: the one the target decodes fastest in.
+    """The dtype ``"auto"`` means on ``device``: the one speculative decoding of the target runs fastest in.
 
     - CUDA: bfloat16 where supported, else float16. MPS: float16.
     - CPU with native bfloat16 (``native_bfloat16``, by default ``cpu_has_native_bfloat16()``): bfloat16, as it is
-      (not batch-invariant). Measured on the embedded target: a decode step 21 ms against 37 ms in float32 on a
-      2-core AMD EPYC, 36.8 against 34.3 ms on a 2-core Xeon with AMX; there, speculative decoding is still fastest
-      in bfloat16, where a 5-token verification forward costs about 1.1 steps against 1.4-1.7 in float32.
-    - other CPUs: float32. Half precision is emulated there: plain decoding can still be faster in it (on a 2-core
-      AMD EPYC with AVX2 only, 1.46x float32's speed in bfloat16: a decode step reads every weight once, and half
-      precision reads half the bytes), but a forward over several tokens costs far more (8 tokens: 4.6 decode
-      steps in bfloat16 against 2.0 in float32 there), which speculative decoding pays every round: there `auto`
-      drafting ran 0.65x the fastest plain decoding in float32 and 0.49x in bfloat16 (docs/SPEED.md). The baseline
-      still times those half precisions (``plain_dtypes``).
+      (not batch-invariant): a decode step reads half the bytes of float32, and a verification forward over several
+      tokens stays cheap.
+    - other CPUs: float32. Half precision is emulated there: plain decoding can still be faster in it (a decode step
+      reads every weight once, and half precision reads half the bytes), but a forward over several tokens costs
+      several decode steps, which speculative decoding pays every round. The baseline still times those half
+      precisions (``plain_dtypes``). docs/SPEED.md has the measurements behind both choices.
     """
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
