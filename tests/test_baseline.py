@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
+import specdec_lite as sd
 from specdec_lite.tuning.devices import dtype_name
 from specdec_lite.tuning.packed_linear import can_pack
 from specdec_lite.repro import baseline, evaluate
@@ -124,8 +125,6 @@ def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_
     times float32 and the other half. In each dtype whose linear layers ours packs, the model as transformers loads
     it is a candidate too (float32 wherever torch has oneDNN, bfloat16 where oneDNN computes it). ``limit`` keeps
     the first ones."""
-    import specdec_lite as sd
-
     unpacked = [d for d in (torch.float32, torch.bfloat16) if can_pack(torch.device("cpu"), d)]
     unpacked_names = {dtype_name(d) + " unpacked" for d in unpacked}
     target, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="float32")
@@ -135,6 +134,16 @@ def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_
     assert list(baseline.plain_candidates(target, limit=1)) == ["bfloat16"]  # a smoke run's one, loaded alone
     half, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="bfloat16")
     assert set(baseline.plain_candidates(half)) == {"float32", "float16"} | unpacked_names
+
+
+def test_the_embedded_target_on_its_4_bit_blocks_is_a_candidate_wherever_the_kernel_runs():
+    """On every CPU, native bfloat16 or not (on an AVX2-only CPU its step was the fastest: docs/INT4.md); a model
+    without a GGUF here has no 4-bit configuration."""
+    cpu = torch.device("cpu")
+    int4 = [c for c in baseline.plain_configurations(cpu, sd.EMBEDDED_TARGET) if c["int4"]]
+    assert int4 == [dict(dtype=torch.bfloat16, packed_linears=None, int4=True)]
+    assert baseline.label(int4[0]) == "bfloat16" + baseline.INT4
+    assert not any(c["int4"] for c in baseline.plain_configurations(cpu, "some-org/some-model"))
 
 
 def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_plainly(local_pairs, tmp_path):

@@ -22,7 +22,7 @@ import torch
 from ..core.models import load_model
 from ..names import is_embedded_target
 from ..tuning.batch_invariance import is_batch_invariant
-from ..tuning.devices import auto_dtype, dtype_name, plain_dtypes
+from ..tuning.devices import dtype_name, plain_dtypes
 from ..tuning.int4 import has_int4_linears, int4_supported
 from ..tuning.packed_linear import can_pack, kept_unpacked
 
@@ -36,11 +36,12 @@ def plain_configurations(device: torch.device, name: str = "") -> list[dict]:
     """``load_model`` settings (dtype, packed_linears, int4) of every plain configuration that is a baseline
     candidate for the model ``name`` on ``device``: each dtype of ``plain_dtypes`` as it loads, each dtype whose
     linear layers ours packs also as transformers loads it, and the embedded target on its 4-bit blocks in bfloat16
-    where the CPU computes bfloat16 natively."""
+    wherever torch's 4-bit kernel runs: on CPUs without native bfloat16 too, where a decode step reads a quarter of
+    bfloat16's bytes and can be the fastest plain decoding (docs/INT4.md)."""
     dtypes = plain_dtypes(device)
     configs = [dict(dtype=dtype, packed_linears=None, int4=False) for dtype in dtypes]
     configs += [dict(dtype=dtype, packed_linears=False, int4=False) for dtype in dtypes if can_pack(device, dtype)]
-    if is_embedded_target(name) and auto_dtype(device) == torch.bfloat16 and not int4_supported(device, torch.bfloat16):
+    if is_embedded_target(name) and not int4_supported(device, torch.bfloat16):
         configs.append(dict(dtype=torch.bfloat16, packed_linears=None, int4=True))
     return configs
 

@@ -18,7 +18,7 @@ they load; in the dtypes the device computes natively (``native_dtypes``) also o
 lookup. Emulated half precision (a CPU without AVX512-BF16 or AMX) is timed plainly only: it is a candidate for
 the baseline, as plain decoding there can beat float32, but not a configuration to draft in; so is float32 as
 transformers loads it, beside ours with packed linear layers (``tuning.packed_linear``); so is the embedded
-target on its 4-bit blocks (``tuning.int4``), where the CPU computes bfloat16 natively, and drafted in. With
+target on its 4-bit blocks (``tuning.int4``), drafted in where the CPU computes bfloat16 natively. With
 ``--llama-cpp``, llama.cpp's plain decoding of the embedded target's GGUF (``llama_cpp.py``) is timed beside the
 first configuration: a row of its own, not a baseline candidate. The project's
 evaluation prompts, every run exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first,
