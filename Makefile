@@ -43,23 +43,20 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
 	else echo "the browser test needs chromium and chromedriver: sudo apt-get install chromium chromium-driver"; fi
 
-# the unit tests and the notebooks (under nbval, in smoke mode) run in one session, spread over TEST_WORKERS processes
-# (pytest-xdist), each on its share of the cores: each notebook's cells in order in one of them (tests/conftest.py
-# groups them), the unit tests one by one. The notebooks' kernel, the kernel spec smoke-python3 written here, sets
-# SPECDEC_SMOKE=1, which switches each notebook's `smoke` parameter on; the unit tests decide smoke themselves.
-# Both write into the checkout's scratch cache (out/test-cache), never the user's cache folder.
+# notebooks run in smoke mode under nbval: SPECDEC_SMOKE=1 switches each one's `smoke` parameter on
+# both write into the checkout's scratch cache (out/test-cache), never the user's cache folder
 TEST_CACHE := $(CURDIR)/out/test-cache
+# the tests run in TEST_WORKERS processes (pytest-xdist), each on its share of the cores, and each notebook's cells
+# in order in one of them (--dist loadfile)
 TEST_WORKERS ?= 2
 TEST_THREADS := $(shell n=$$(nproc); echo $$(( n > $(TEST_WORKERS) ? n / $(TEST_WORKERS) : 1 )))
-SMOKE_KERNELS := $(CURDIR)/out/test-kernels
-SMOKE_KERNEL_SPEC := $(SMOKE_KERNELS)/kernels/smoke-python3/kernel.json
-$(SMOKE_KERNEL_SPEC): $(STAMP)
-	mkdir -p $(@D)
-	printf '{"argv": ["%s", "-m", "ipykernel_launcher", "-f", "{connection_file}"], "language": "python",\n "display_name": "Python 3 (SPECDEC_SMOKE=1)", "env": {"SPECDEC_SMOKE": "1"}}\n' \
-		"$(abspath $(BIN))/python" > $@
-test: setup browser $(SMOKE_KERNEL_SPEC)
-	SPECDEC_LITE_CACHE=$(TEST_CACHE) OMP_NUM_THREADS=$(TEST_THREADS) JUPYTER_PATH=$(SMOKE_KERNELS) $(BIN)/python -m pytest -q \
-		-p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup tests --nbval-lax --nbval-kernel-name smoke-python3 $(NOTEBOOKS)
+TEST_RUN := SPECDEC_LITE_CACHE=$(TEST_CACHE) OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -p no:cacheprovider \
+	-n $(TEST_WORKERS)
+test: setup browser
+	$(TEST_RUN) tests
+ifneq ($(NOTEBOOKS),)
+	SPECDEC_SMOKE=1 $(TEST_RUN) --dist loadfile --nbval-lax $(NOTEBOOKS)
+endif
 
 # retrain the drafts and heads from the target-made text (restored first from the repository's history into the
 # cache, where it lives) and publish them into data/drafts/ (notebooks/drafts.yaml: hours on a 2-core CPU; rerun to

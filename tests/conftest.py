@@ -26,16 +26,6 @@ def snapshot(folder: Path) -> dict:
         if folder.is_dir() else {}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """``make test`` runs the unit tests and the notebooks (nbval) in one session spread over its workers
-    (``--dist loadgroup``): each notebook's cells form one group, so they run in order in one worker and one kernel,
-    while the unit tests spread one by one (before pytest-xdist reads the groups, hence tryfirst)."""
-    for item in items:
-        if item.path.suffix == ".ipynb":
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-
-
 def pytest_sessionstart(session):
     session.config.user_cache_before = snapshot(USER_CACHE)
 
