@@ -51,10 +51,10 @@ verification over gamma + 1 tokens once per gamma (5), the draft's steps (3); to
 draft's single steps timed for c (fed contiguous tokens, while the loop feeds views of its token buffer, and the
 compiled forward specializes on strides) and 2 more of the draft's per gamma (that buffer's width depends on
 gamma): 20 graphs where 10 would do, tens of seconds each for the 8B shape. The eager rows cost 3 rows x 3 calls x
-128 decode steps, the compiled oracle rows far less a step. Before each gamma the run checks that the budget still covers what the previous gamma took; if not, that
-gamma's rows are recorded as skipped for the time budget (the plain rows and gamma 4 come first, so the claims'
-rows are measured first). Fewer tokens and repeats (``--new-tokens``, ``--repeats``) shorten a run; nothing is cut
-by a timeout.
+128 decode steps, the compiled oracle rows far less a step. Before each gamma the run checks that the budget still
+covers what the previous gamma took; if not, that gamma's rows are recorded as skipped for the time budget (the
+plain rows and gamma 4 come first, so the claims' rows are measured first). Fewer tokens and repeats
+(``--new-tokens``, ``--repeats``) shorten a run; nothing is cut by a timeout.
 
 No pandas, seaborn or matplotlib needed: the figure is drawn only when matplotlib is importable.
 """
