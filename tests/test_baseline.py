@@ -131,6 +131,7 @@ def test_half_precision_is_a_baseline_candidate_even_where_it_is_emulated(local_
     others = baseline.plain_candidates(target)
     assert set(others) == {"bfloat16", "float16"} | unpacked_names
     assert [m.dtype for m in others.values()] == [torch.bfloat16, torch.float16] + unpacked
+    assert all(baseline.configuration(model) == name for name, model in others.items())  # named before loading
     assert list(baseline.plain_candidates(target, limit=1)) == ["bfloat16"]  # a smoke run's one, loaded alone
     half, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="bfloat16")
     assert set(baseline.plain_candidates(half)) == {"float32", "float16"} | unpacked_names

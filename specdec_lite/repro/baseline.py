@@ -46,10 +46,18 @@ def plain_configurations(device: torch.device, name: str = "") -> list[dict]:
     return configs
 
 
+def configuration_name(dtype, int4: bool = False, unpacked: bool = False, batch_invariant: bool = False) -> str:
+    """The name of a way to run the model, as the baseline's name says it: its dtype, and whether it was made
+    batch-invariant, runs its linear layers on 4-bit blocks (``INT4``) or keeps those transformers loads where ours
+    packs them (``UNPACKED``)."""
+    if batch_invariant:
+        return dtype_name(dtype) + " batch-invariant"
+    return dtype_name(dtype) + (INT4 if int4 else "") + (UNPACKED if unpacked else "")
+
+
 def label(config: dict) -> str:
-    """The name ``configuration`` gives a model loaded with ``config`` (``plain_configurations``)."""
-    return dtype_name(config["dtype"]) + (INT4 if config["int4"] else "") + (
-        "" if config["packed_linears"] is None else UNPACKED)
+    """The name ``configuration`` gives a model loaded with ``config`` (``plain_configurations``), before loading."""
+    return configuration_name(config["dtype"], config["int4"], config["packed_linears"] is not None)
 
 
 def plain_candidates(target, limit: int | None = None) -> dict:
@@ -82,13 +90,8 @@ def fastest(runs: pd.DataFrame) -> str:
 
 
 def configuration(model) -> str:
-    """How a model runs, as the baseline's name says it: its dtype, and whether it was made batch-invariant, runs
-    its linear layers on 4-bit blocks (``INT4``) or keeps those transformers loads where ours packs them
-    (``UNPACKED``)."""
-    if is_batch_invariant(model):
-        return dtype_name(model.dtype) + " batch-invariant"
-    return dtype_name(model.dtype) + (INT4 if has_int4_linears(model) else "") + (
-        UNPACKED if kept_unpacked(model) else "")
+    """How a loaded model runs (``configuration_name``)."""
+    return configuration_name(model.dtype, has_int4_linears(model), kept_unpacked(model), is_batch_invariant(model))
 
 
 def over_fastest(runs: pd.DataFrame, own: str = "") -> pd.DataFrame:
