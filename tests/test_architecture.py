@@ -154,7 +154,7 @@ HELP_RUNNER = """
 import contextlib, io, json, runpy, sys, traceback
 done = {}
 for module in sys.argv[1:]:
-    sys.modules.pop(module, None)  # run afresh, as __main__
+    sys.modules.pop(module, None)  # imported by an earlier one: runpy would warn, an error under -W error
     sys.argv = [module, "--help"]
     out, err, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
