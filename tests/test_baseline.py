@@ -158,7 +158,7 @@ def test_the_bench_drafts_in_native_dtypes_and_times_emulated_half_precision_pla
     cpu = torch.device("cpu")
     runs = bench.run(str(local_pairs / "tiny-2l"), "cpu", prompts_per_task=1, max_new_tokens=4, temperatures=(0.0,),
                      drafts=("n-gram",), progress=False, batch_invariant=False,
-                     runs_out=bench.runs_csv(tmp_path / "table.csv"))
+                     runs_out=bench.beside(tmp_path / "table.csv", "runs"))
     written = pd.read_csv(tmp_path / "table_runs.csv")
     assert len(written) == len(runs) and set(written.configuration) == set(runs.configuration)
     unpacked = {dtype_name(d) + " unpacked" for d in plain_dtypes(cpu) if can_pack(cpu, d)}

@@ -20,7 +20,8 @@ the baseline, as plain decoding there can beat float32, but not a configuration 
 transformers loads it, beside ours with packed linear layers (``tuning.packed_linear``); so is the embedded
 target on its 4-bit blocks (``tuning.int4``), drafted in where the CPU computes bfloat16 natively. With
 ``--llama-cpp``, llama.cpp's plain decoding of the embedded target's GGUF (``llama_cpp.py``) is timed beside the
-first configuration: a row of its own, not a baseline candidate. The project's
+first configuration: a row of its own, not a baseline candidate; its v(n) is measured after the runs
+(``llama_cpp.llama_cpp_costs``: could speculative decoding pay on its kernels here?). The project's
 evaluation prompts, every run exactly ``max_new_tokens`` tokens (EOS ignored), each method warmed up first,
 interleaved per prompt (``evaluate.run_prompts``). The table gives, per temperature, the median ms per token,
 the median per-prompt speed over the fastest plain decoding of the run (``baseline``), and for greedy runs how
@@ -45,7 +46,7 @@ from ..core.sampling import SamplingParams
 from ..drafts.heads import runs_compiled
 from ..drafts.loading import TREE_DRAFTS, load_draft, tree_draft
 from . import baseline
-from .llama_cpp import llama_cpp_plain
+from .llama_cpp import llama_cpp_costs, llama_cpp_plain
 from .theory import geometric_mean
 from .tasks import TASKS, load_prompts
 
@@ -153,10 +154,11 @@ def run(name=EMBEDDED_TARGET, device="auto", prompts_per_task=2, max_new_tokens=
     return runs
 
 
-def runs_csv(out: str | Path) -> Path:
-    """Where the per-run rows of a table written to ``out`` go: beside it, as <name>_runs.csv."""
+def beside(out: str | Path, what: str) -> Path:
+    """Where a file of the run's ``what`` goes when its table is written to ``out``: beside it, as
+    <name>_<what>.csv (the per-run rows: ``what`` "runs")."""
     out = Path(out)
-    return out.with_name(f"{out.stem}_runs.csv")
+    return out.with_name(f"{out.stem}_{what}.csv")
 
 
 def named_draft(name: str, model, head: str | None = None):
@@ -257,7 +259,7 @@ def main(argv=None):
     runs = run(args.target, args.device, args.prompts_per_task, args.max_new_tokens, args.temperatures, args.gamma,
                drafts=args.drafts, head=args.head, skip_per_task=args.skip_per_task,
                batch_invariant=not args.no_batch_invariant, static=args.static, compiled=args.compiled,
-               llama_cpp=args.llama_cpp, runs_out=runs_csv(args.out) if args.out else None, only=args.only)
+               llama_cpp=args.llama_cpp, runs_out=beside(args.out, "runs") if args.out else None, only=args.only)
     summary, where = table(runs), machine()
     if args.out:
         summary.assign(machine=where, prompts=runs.id.nunique(), new_tokens=args.max_new_tokens).to_csv(
@@ -265,8 +267,19 @@ def main(argv=None):
     with pd.option_context("display.width", 220, "display.max_columns", 20, "display.precision", 2):
         print(summary.to_string(index=False))
     print(where)
+    if args.llama_cpp:
+        print_llama_cpp_costs(args.out)
     print(f"\n{runs.id.nunique()} prompts, {args.max_new_tokens} tokens a run (EOS ignored); {torch.get_num_threads()} "
           f"threads, torch {torch.__version__}; {time.perf_counter() - start:.0f} s")
+
+
+def print_llama_cpp_costs(out: str) -> None:
+    """llama.cpp's v(n) on this machine, printed, and with ``out`` written ``beside`` it."""
+    costs = pd.DataFrame([{"tokens": n, "v": v} for n, v in sorted(llama_cpp_costs(embedded_gguf_path()).items())])
+    print("\nllama.cpp, a forward over n tokens with their logits against one decode step: " + ", ".join(
+        f"v({row.tokens}) {row.v:.2f}" for row in costs.itertuples()))
+    if out:
+        costs.assign(machine=machine()).to_csv(beside(out, "llama_cpp_costs"), index=False)
 
 
 if __name__ == "__main__":
