@@ -16,6 +16,7 @@ from specdec_lite.drafts.heads import EagleDraft, read_head
 from specdec_lite.drafts.loading import (AUTO_LABEL, AUTO_LABEL_WITHOUT_HEAD, drafts_for_pair, labelled_heads,
                                         load_draft, one_head_per_kind)
 from specdec_lite.drafts.pacing import PacedDraft
+from specdec_lite.tuning.int8_head import quantized_copy
 from specdec_lite.drafts.trees import DynamicTreeDraft, EagleTreeDraft, HybridTreeDraft, LookupTreeDraft
 from specdec_lite.repro import evaluate, theory
 from specdec_lite.repro.tasks import chat_ids, first_per_task, load_prompts
@@ -194,7 +195,8 @@ def test_auto_is_the_hybrid_dynamic_tree_greedy_and_the_heads_chain_at_t_above_0
         assert isinstance(paced, PacedDraft) and paced.verify_cost is greedy.head.verify_cost
         assert paced.head_cost == greedy.head.head_cost
     assert both.at(sd.SamplingParams(temperature=1.0)) is paced_sampled
-    recommended = read_head(shipped)[0].state_dict()  # two layers, unrolled, trained on a GPU on every reply
+    recommended = read_head(shipped)[0]  # two layers, unrolled, trained on a GPU on every reply
+    recommended = (quantized_copy(recommended) if sampled.quantized else recommended).state_dict()
     assert all(torch.equal(sampled.head.state_dict()[k].float(), v.float()) for k, v in recommended.items())
     by_name = load_draft(EMBEDDED_EAGLE_DEEP_TTT, model)
     assert type(by_name) is type(sampled) and by_name.feature_layers == sampled.feature_layers

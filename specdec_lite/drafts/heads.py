@@ -44,6 +44,8 @@ from ..core.lm import selected_hidden, static_state, usable_vocab_size
 from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 from ..core.slots import Slots, gathered
 from ..tuning.compiled import CompiledForward, CompileLog
+from ..tuning.int4 import has_int4_linears
+from ..tuning.int8_head import Int8Linear, quantized_copy
 from ..tuning.packed_linear import can_pack, has_packed_linears, linear_on, pack_linears
 from ..paths import HEAD_CONFIG, is_head_dir
 from .fingerprint import same_weights, weights_fingerprint, weights_probe
@@ -417,6 +419,17 @@ def runs_compiled(target: nn.Module) -> bool:
     return state is not None and state.compile
 
 
+def quantizes_head(target: nn.Module) -> bool:
+    """Whether a drafting head beside ``target`` runs its linear layers and output layer on 8-bit weights
+    (``tuning.int8_head``): beside a target whose linear layers run tuned for this CPU (packed for oneDNN, or on
+    4-bit blocks) where the head's forwards are not compiled (``compiles_head``). Its step reads its weights and
+    little else, so a quarter of float32's bytes (half of bfloat16's) makes each drafting depth cheaper by more than
+    the few accepted tokens the rounding costs (docs/SPEED.md); the output law is untouched, a head being a draft.
+    Beside a target as transformers loads it the head runs as transformers would run it, on its own weights."""
+    tuned = has_packed_linears(target) or has_int4_linears(target)
+    return tuned and target.get_output_embeddings().weight.device.type == "cpu" and not compiles_head(target)
+
+
 def packs_head(target: nn.Module) -> bool:
     """Whether a head beside ``target`` runs its output layer, and its linear layers where it is not compiled
     (``compiles_head``), on oneDNN-packed weights (``tuning.packed_linear``): where the target's run packed, and
@@ -429,9 +442,11 @@ def packs_head(target: nn.Module) -> bool:
 
 class OutputLayer:
     """The target's output layer, optionally restricted to ``vocab_ids``; logits come back full width with -inf
-    outside the sub-vocabulary, so q (and its zeros) is what the verifier sees."""
+    outside the sub-vocabulary, so q (and its zeros) is what the verifier sees. ``quantized``: its product runs on
+    8-bit weights (``tuning.int8_head``), as a drafting head's does on a CPU (``quantizes_head``); ``full_weight``
+    stays the target's."""
 
-    def __init__(self, target: nn.Module, vocab_size: int, vocab_ids: torch.Tensor | None):
+    def __init__(self, target: nn.Module, vocab_size: int, vocab_ids: torch.Tensor | None, quantized: bool = False):
         weight = target.get_output_embeddings().weight.detach()
         self.vocab_size = vocab_size
         self.full_weight = weight[:vocab_size]  # (V, H): the whole vocabulary, for measuring against the target
@@ -439,7 +454,8 @@ class OutputLayer:
         self.weight = weight[:vocab_size] if vocab_ids is None else weight[self.vocab_ids]  # (S, H)
         bias = getattr(target.get_output_embeddings(), "bias", None)
         self.bias = None if bias is None else (bias[:vocab_size] if vocab_ids is None else bias[self.vocab_ids])
-        self.product = linear_on(self.weight, self.bias, packed=packs_head(target))
+        self.product = (Int8Linear(self.weight, self.bias) if quantized
+                        else linear_on(self.weight, self.bias, packed=packs_head(target)))
 
     def sub_logits(self, hidden):  # (..., H) -> (..., S)
         return self.product(hidden.to(self.weight.dtype))
@@ -479,12 +495,15 @@ class FeatureDraft(Drafter):
         check_head_target(cfg, target)
         self.cfg = cfg
         self.head = head.to(device=target.device, dtype=target.dtype).eval()
+        self.quantized = quantized = quantizes_head(target)  # its linear layers on 8-bit weights
         if compiles_head(target) and isinstance(self.head, EagleHead):
             self.head.compile_step(target.device)
+        elif quantized:
+            self.head = quantized_copy(self.head)
         elif packs_head(target):
             pack_linears(self.head)
         self.vocab_size = cfg.vocab_size
-        self.output = OutputLayer(target, cfg.vocab_size, vocab_ids)
+        self.output = OutputLayer(target, cfg.vocab_size, vocab_ids, quantized=quantized)
         self.features = None  # (B, P, H): the target's features of positions 0..P-1 (fused, as the head reads them)
         self.target = target
         self.feature_layers = tuple(cfg.feature_layers) or (-1,)

@@ -293,7 +293,8 @@ def dynamic_tree_profile_key(eagle: EagleDraft, target, top_k: int, max_depth: i
     taken (the token counts, through the tree forward, ``passes`` of ``repeats`` each)."""
     head = {"class": type(eagle.head).__name__, "parameters": sum(p.numel() for p in eagle.head.parameters()),
             "layers": eagle.cfg.num_layers, "feature_layers": len(eagle.feature_layers),
-            "output_rows": eagle.output.weight.shape[0]}
+            "output_rows": eagle.output.weight.shape[0],
+            "weights": "int8" if eagle.quantized else str(eagle.head_dtype)}
     return {"machine": machine_settings(target), "target": model_shape(target), "head": head, "top_k": top_k,
             "max_depth": max_depth, "tokens": sorted({1, *tokens}), "verification": "tree forward",
             "repeats": repeats, "passes": passes}

@@ -1,0 +1,74 @@
+"""A drafting head on 8-bit weights (``tuning.int8_head``): each product within its rounding bound, shapes and
+dtypes kept, and the policy that puts a CPU head on it (the law stays the target's: the exactness tests run their
+EAGLE heads through it, since they draft on a CPU)."""
+import torch
+from torch import nn
+
+from conftest import tiny_llama
+from specdec_lite.core.sampling import SamplingParams
+from specdec_lite.drafts import heads
+from specdec_lite.tuning.packed_linear import pack_linears
+from specdec_lite.tuning.int8_head import Int8Linear, quantized_copy
+
+
+def test_an_int8_product_is_within_its_rounding_bound():
+    """Each output differs from the float product by at most what rounding the weights (half a step of the row's
+    scale per weight) and the activations (bfloat16, 2^-8 relative) can make; the bound is tight enough that a
+    product with another row's scale, or with unscaled weights, lies far outside it."""
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(48, 96, generator=g) * torch.linspace(0.01, 1.0, 48)[:, None], torch.randn(48, generator=g)
+    x = torch.randn(5, 96, generator=g)
+    layer = Int8Linear(weight, bias)
+    exact = x @ weight.T + bias
+    got = layer(x)
+    step = weight.abs().amax(1) / 127
+    bound = x.abs() @ (step[:, None] / 2).expand_as(weight).T + (x.abs() @ weight.abs().T) * 2 ** -8 + 1e-5
+    assert ((got - exact).abs() <= bound).all()
+    assert ((got - exact).abs() > 0).any()  # it is 8-bit: not the float product itself
+    shuffled = Int8Linear(weight, bias)
+    shuffled.scale = shuffled.scale.flip(0)
+    assert ((shuffled(x) - exact).abs() > bound).any()
+
+
+def test_int8_layers_keep_shapes_dtypes_and_zero_rows():
+    weight = torch.randn(6, 8)
+    weight[2] = 0.0  # a row of zeros: its scale must not divide by zero
+    layer = Int8Linear.of(nn.Linear(8, 6).requires_grad_(False))
+    zero = Int8Linear(weight)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 3, 8, dtype=dtype)
+        assert layer(x).shape == (2, 3, 6) and layer(x).dtype == dtype
+        assert torch.isfinite(zero(x)).all() and (zero(x)[..., 2] == 0).all()
+    assert (layer.in_features, layer.out_features) == (8, 6)
+
+
+def test_a_quantized_copy_replaces_every_linear_and_leaves_the_original():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Sequential(nn.Linear(4, 2), nn.LayerNorm(2)))
+    copy = quantized_copy(model)
+    assert not any(type(m) is nn.Linear for m in copy.modules())
+    assert sum(isinstance(m, Int8Linear) for m in copy.modules()) == 2 and isinstance(copy[2][1], nn.LayerNorm)
+    assert sum(type(m) is nn.Linear for m in model.modules()) == 2  # a trainer holding it can go on training it
+    x = torch.randn(3, 4)
+    assert torch.allclose(copy(x), model(x), atol=0.05)
+
+
+def test_a_drafting_head_runs_on_8_bit_weights_beside_a_tuned_cpu_target_only():
+    """Beside a CPU target whose linear layers run packed, the drafter's head and output layer are 8-bit and its q
+    still sums to one; the head it was given (a trainer may hold it) keeps its float weights. Beside the same
+    target as transformers loads it, the head keeps its own weights too."""
+    as_loaded = tiny_llama(vocab=64, layers=2, hidden=32)
+    cfg = heads.head_config_for(as_loaded, "eagle", "tiny", sub_vocab_size=0)
+    head = heads.build_head(cfg)
+    plain = heads.make_drafter(head, cfg, as_loaded)
+    assert not heads.quantizes_head(as_loaded) and not plain.quantized
+    assert isinstance(plain.output.product, nn.Linear)
+    packed = tiny_llama(vocab=64, layers=2, hidden=32)
+    pack_linears(packed)
+    drafter = heads.make_drafter(head, cfg, packed)
+    assert heads.quantizes_head(packed) and drafter.quantized
+    assert not any(type(m) is nn.Linear for m in drafter.head.modules())
+    assert isinstance(drafter.output.product, Int8Linear)
+    assert sum(type(m) is nn.Linear for m in head.modules()) > 0
+    assert drafter.output.full_weight.dtype == torch.float32  # acceptance is measured against the target's own
+    q = drafter.reference_distributions(torch.tensor([1, 2, 3, 4]), torch.tensor([[5, 6]]), SamplingParams(1.0))
+    assert torch.allclose(q.sum(-1), torch.ones(1, 2), atol=1e-5)
