@@ -45,7 +45,7 @@ from ..core.sampling import SamplingParams, probs_from_logits, seen_mask
 from ..core.slots import Slots, gathered
 from ..tuning.compiled import CompiledForward, CompileLog
 from ..tuning.int4 import has_int4_linears
-from ..tuning.int8_head import Int8Linear, quantized_copy
+from ..tuning.int8_head import Int8Linear, quantized_copy, supports
 from ..tuning.packed_linear import can_pack, has_packed_linears, linear_on, pack_linears
 from ..paths import HEAD_CONFIG, is_head_dir
 from .fingerprint import same_weights, weights_fingerprint, weights_probe
@@ -423,8 +423,9 @@ def quantizes_head(target: nn.Module) -> bool:
     """Whether a drafting head beside ``target`` runs its linear layers and output layer on 8-bit weights
     (``tuning.int8_head``): beside a target whose linear layers run tuned for this CPU (packed for oneDNN, or on
     4-bit blocks) where the head's forwards are not compiled (``compiles_head``). Its step reads its weights and
-    little else, so a quarter of float32's bytes (half of bfloat16's) makes each drafting depth cheaper by more than
-    the few accepted tokens the rounding costs (docs/SPEED.md); the output law is untouched, a head being a draft.
+    little else, so a quarter of float32's bytes (half of bfloat16's) makes each drafting depth cheaper, which paid
+    for the few accepted tokens the rounding costs where measured (docs/SPEED.md); the output law is untouched, a
+    head being a draft.
     Beside a target as transformers loads it the head runs as transformers would run it, on its own weights."""
     tuned = has_packed_linears(target) or has_int4_linears(target)
     return tuned and target.get_output_embeddings().weight.device.type == "cpu" and not compiles_head(target)
@@ -454,7 +455,7 @@ class OutputLayer:
         self.weight = weight[:vocab_size] if vocab_ids is None else weight[self.vocab_ids]  # (S, H)
         bias = getattr(target.get_output_embeddings(), "bias", None)
         self.bias = None if bias is None else (bias[:vocab_size] if vocab_ids is None else bias[self.vocab_ids])
-        self.product = (Int8Linear(self.weight, self.bias) if quantized
+        self.product = (Int8Linear(self.weight, self.bias) if quantized and supports(self.weight.shape[1])
                         else linear_on(self.weight, self.bias, packed=packs_head(target)))
 
     def sub_logits(self, hidden):  # (..., H) -> (..., S)
