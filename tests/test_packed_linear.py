@@ -106,18 +106,22 @@ def test_packed_linears_are_refused_for_compiled_forwards_before_loading(local_p
                       packed_linears=True)
 
 
-def test_a_head_on_a_packed_target_drafts_with_packed_linears(local_pairs):
-    """The EAGLE head runs its linear layers as its target does."""
+def test_a_head_on_a_packed_target_drafts_on_8_bit_weights(local_pairs):
+    """The EAGLE head runs tuned where its target does: beside a packed target on 8-bit weights
+    (``tuning.int8_head``), beside one as transformers loads it as ``nn.Linear`` layers."""
     import specdec_lite as sd
     from specdec_lite.drafts.heads import EagleHead, head_config_for, make_drafter
+    from specdec_lite.tuning.int8_head import Int8Linear
 
     for packed_linears in (None, False):
         target, _ = sd.load_model(str(local_pairs / "tiny-2l"), device="cpu", dtype="float32",
                                   packed_linears=packed_linears)
         cfg = head_config_for(target, "eagle")
         draft = make_drafter(EagleHead(cfg), cfg, target)
-        assert has_packed_linears(draft.head) == has_packed_linears(target) == (packed_linears is None)
-        assert isinstance(draft.output.product, PackedLinear) == (packed_linears is None)
+        assert has_packed_linears(target) == (packed_linears is None) and not has_packed_linears(draft.head)
+        kinds = {type(m) for m in draft.head.modules() if "Linear" in type(m).__name__}
+        assert kinds == ({Int8Linear} if packed_linears is None else {nn.Linear})
+        assert isinstance(draft.output.product, Int8Linear) == (packed_linears is None)
 
 
 @pytest.mark.parametrize("packed_linears", [None, False])
