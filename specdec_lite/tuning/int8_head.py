@@ -24,7 +24,7 @@ LEVELS = 127  # symmetric: q in -127..127
 # The kernel's vectorized loops read 16 activations at a time (8 on AVX2) from 32-byte-aligned rows, with no
 # remainder loop: a row of any other length reads past its end. Linear layers with other input sizes stay float.
 IN_FEATURES_MULTIPLE = 16
-ALIGNMENT = 64  # bytes: where the activations must start
+ALIGNMENT = 64  # bytes: activations start where torch's allocations do (the kernel needs 32)
 
 
 def supports(in_features: int) -> bool:
