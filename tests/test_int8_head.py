@@ -1,11 +1,12 @@
 """A drafting head on 8-bit weights (``tuning.int8_head``): each product within its rounding bound, shapes and
-dtypes kept, and the policy that puts a CPU head on it (the law stays the target's: the exactness tests run their
-EAGLE heads through it, since they draft on a CPU)."""
+dtypes kept, the policy that puts a head beside a tuned CPU target on it, and the law through it enumerated (the
+other exactness tests draft beside untuned tiny targets, whose heads keep their float weights)."""
 import pytest
 import torch
 from torch import nn
 
 from conftest import tiny_llama
+from test_heads import random_head_draft
 from specdec_lite.core.sampling import SamplingParams
 from specdec_lite.drafts import heads
 from specdec_lite.repro.exact import exact_speculative_distribution, exact_target_distribution, max_abs_difference
@@ -17,7 +18,7 @@ from specdec_lite.tuning.int8_head import Int8Linear, quantized_copy
 def test_an_int8_product_is_within_its_rounding_bound():
     """Each output differs from the float product by at most what rounding the weights (half a step of the row's
     scale per weight) and the activations (bfloat16, 2^-8 relative) can make; the bound is tight enough that a
-    product with another row's scale, or with unscaled weights, lies far outside it."""
+    product with the rows' scales shuffled lies outside it."""
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(48, 96, generator=g) * torch.linspace(0.01, 1.0, 48)[:, None], torch.randn(48, generator=g)
     x = torch.randn(5, 96, generator=g)
@@ -94,18 +95,10 @@ def test_a_drafting_head_runs_on_8_bit_weights_beside_a_tuned_cpu_target_only():
     assert torch.allclose(q.sum(-1), torch.ones(1, 2), atol=1e-5)
 
 
-def eight_bit_head_draft(target, seed=1):
-    """An untrained EAGLE head (random weights, so its drafts are sometimes right) beside a packed ``target``:
-    the drafter runs it on 8-bit weights."""
+def eight_bit_head_draft(target):
+    """``random_head_draft``'s EAGLE head beside ``target`` packed: the drafter runs it on 8-bit weights."""
     pack_linears(target)
-    cfg = heads.head_config_for(target, "eagle", "tiny", sub_vocab_size=0)
-    torch.manual_seed(seed)
-    head = heads.build_head(cfg)
-    with torch.no_grad():
-        for p in head.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 1.2 / p.shape[1] ** 0.5)
-    drafter = heads.make_drafter(head, cfg, target)
+    drafter = random_head_draft(target, "eagle")
     assert drafter.quantized
     return drafter
 
